@@ -1,0 +1,51 @@
+-- Claims: who may write a workflow's checkpoints, under which fencing token,
+-- until when. One row per workflow, kept after release so tokens only go up.
+
+CREATE TABLE sturdy.claims (
+    workflow   text        PRIMARY KEY,
+    token      bigint      NOT NULL CHECK (token > 0),
+    held_until timestamptz NOT NULL,
+    owner      text,
+    claimed_at timestamptz NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.claims', '');
+
+COMMENT ON TABLE sturdy.claims IS
+    'One row per workflow ever claimed: the current fencing token and its lease. Kept after release so the next token is higher.';
+COMMENT ON COLUMN sturdy.claims.workflow IS 'The workflow id, any non-empty text up to 1024 bytes.';
+COMMENT ON COLUMN sturdy.claims.token IS 'The current fencing token; each claim takes the previous one plus one.';
+COMMENT ON COLUMN sturdy.claims.held_until IS 'When the lease lapses (server clock); after it, anyone may claim.';
+COMMENT ON COLUMN sturdy.claims.owner IS 'Free-form label of the current holder, as given to claim (for operators, never checked).';
+COMMENT ON COLUMN sturdy.claims.claimed_at IS 'When the current token was issued.';
+
+CREATE FUNCTION sturdy.claim(workflow text, lease interval DEFAULT '1 minute', owner text DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', 'sturdy_claim';
+COMMENT ON FUNCTION sturdy.claim(text, interval, text) IS
+    'Take the workflow if nobody holds it (never claimed, released, or lease lapsed). Returns the new fencing token, higher than every earlier one, or NULL when someone else holds it.';
+
+CREATE FUNCTION sturdy.renew(workflow text, token bigint, lease interval)
+    RETURNS timestamptz
+    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', 'sturdy_renew';
+COMMENT ON FUNCTION sturdy.renew(text, bigint, interval) IS
+    'Extend a live claim to now() + lease. Returns the new expiry, or NULL when the token is no longer current or its lease already lapsed.';
+
+CREATE FUNCTION sturdy.release(workflow text, token bigint)
+    RETURNS boolean
+    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', 'sturdy_release';
+COMMENT ON FUNCTION sturdy.release(text, bigint) IS
+    'Hand a live claim back early, keeping its token so the next claim gets the next number. True when this call let go of a live claim.';
+
+CREATE FUNCTION sturdy.fence(workflow text, token bigint)
+    RETURNS void
+    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', 'sturdy_fence';
+COMMENT ON FUNCTION sturdy.fence(text, bigint) IS
+    'Lock the claim row (FOR UPDATE) and raise SD001 unless token is the current one: the first statement of a hand-written exactly-once transaction.';

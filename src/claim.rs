@@ -1,0 +1,282 @@
+//! Claims: fencing tokens.
+//!
+//! A claim says which pass may write a workflow's checkpoints. Taking one
+//! returns a token, a per-workflow counter that only goes up; every fenced
+//! write compares its token with the current one under `FOR UPDATE`, so a pass
+//! that stalled past its lease and was superseded can never write again, even
+//! though it does not know it was superseded. The lease only decides when
+//! somebody else may take over; safety comes from the token.
+//!
+//! Leases are measured on the server clock (`now()`, the transaction's start),
+//! never a client's. `release` hands the workflow back early but keeps the
+//! token, so the next claim still gets the next number.
+
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::error::{self, Error, Result, deliver};
+use crate::spi::{Statement, first_value, null, run_one};
+
+/// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
+/// free" test: a live lease fails it, nothing is written and no row returns.
+/// Two first claims race on the primary key; the loser waits, then takes the
+/// `DO UPDATE` arm and finds the lease live.
+static CLAIM: Statement = Statement {
+    sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+          VALUES ($1, 1, pg_catalog.now() + $2, $3, pg_catalog.now())
+          ON CONFLICT (workflow) DO UPDATE
+             SET token = held.token + 1, held_until = EXCLUDED.held_until,
+                 owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+           WHERE held.held_until <= pg_catalog.now()
+          RETURNING held.token",
+    args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
+    writes: true,
+};
+
+static RENEW: Statement = Statement {
+    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now() + $3
+           WHERE workflow = $1 AND token = $2 AND held_until > pg_catalog.now()
+          RETURNING held_until",
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INTERVALOID],
+    writes: true,
+};
+
+static RELEASE: Statement = Statement {
+    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
+           WHERE workflow = $1 AND token = $2 AND held_until > pg_catalog.now()
+          RETURNING true",
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+    writes: true,
+};
+
+/// Lock the claim row and read its token. Operators are qualified because
+/// `transact` shares the fencing logic and runs under the caller's
+/// `search_path`.
+static FENCE: Statement = Statement {
+    sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+};
+
+/// The current token, unlocked: only read to explain a refusal.
+static CURRENT: Statement = Statement {
+    sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+};
+
+/// Compare a pass's token with the workflow's current one (read under lock).
+/// Only the current token passes: an older one was superseded, and a newer one
+/// was never issued.
+pub fn check_token(workflow: &str, token: i64, current: Option<i64>) -> Result<()> {
+    if current == Some(token) {
+        Ok(())
+    } else {
+        Err(Error::Fenced {
+            workflow: workflow.to_owned(),
+            token,
+            current,
+        })
+    }
+}
+
+/// The error for a fenced write found by a statement that returned no row.
+pub fn fenced(workflow: &str, token: i64) -> Error {
+    let current =
+        run_one(&CURRENT, &[workflow.into()], first_value::<i64>).unwrap_or_else(|_| None);
+    Error::Fenced {
+        workflow: workflow.to_owned(),
+        token,
+        current,
+    }
+}
+
+pub fn claim_impl(
+    workflow: Option<&str>,
+    lease: Option<Interval>,
+    owner: Option<&str>,
+) -> Result<Option<i64>> {
+    let workflow = error::name("workflow", workflow)?;
+    let lease = error::lease("lease", lease)?;
+    let owner = error::optional_name("owner", owner)?;
+    let owner = owner.map_or_else(null::<&str>, Into::into);
+    run_one(&CLAIM, &[workflow.into(), lease.into(), owner], first_value)
+}
+
+pub fn renew_impl(
+    workflow: Option<&str>,
+    token: Option<i64>,
+    lease: Option<Interval>,
+) -> Result<Option<TimestampWithTimeZone>> {
+    let workflow = error::name("workflow", workflow)?;
+    let token = error::required("token", token)?;
+    let lease = error::lease("lease", lease)?;
+    run_one(
+        &RENEW,
+        &[workflow.into(), token.into(), lease.into()],
+        first_value,
+    )
+}
+
+pub fn release_impl(workflow: Option<&str>, token: Option<i64>) -> Result<bool> {
+    let workflow = error::name("workflow", workflow)?;
+    let token = error::required("token", token)?;
+    run_one(&RELEASE, &[workflow.into(), token.into()], |t| {
+        Ok(!t.is_empty())
+    })
+}
+
+/// Lock the claim row and check the token; the first statement of a
+/// hand-written exactly-once transaction.
+pub fn fence_impl(workflow: Option<&str>, token: Option<i64>) -> Result<()> {
+    let workflow = error::name("workflow", workflow)?;
+    let token = error::required("token", token)?;
+    let current = lock_current(workflow)?;
+    check_token(workflow, token, current)
+}
+
+/// `SELECT ... FOR UPDATE` on the claim row: the current token, or `None`
+/// when the workflow was never claimed.
+pub fn lock_current(workflow: &str) -> Result<Option<i64>> {
+    run_one(&FENCE, &[workflow.into()], first_value)
+}
+
+#[pg_extern(sql = false)]
+fn claim(workflow: Option<&str>, lease: Option<Interval>, owner: Option<&str>) -> Option<i64> {
+    deliver(claim_impl(workflow, lease, owner)).flatten()
+}
+
+#[pg_extern(sql = false)]
+fn renew(
+    workflow: Option<&str>,
+    token: Option<i64>,
+    lease: Option<Interval>,
+) -> Option<TimestampWithTimeZone> {
+    deliver(renew_impl(workflow, token, lease)).flatten()
+}
+
+#[pg_extern(sql = false)]
+fn release(workflow: Option<&str>, token: Option<i64>) -> Option<bool> {
+    deliver(release_impl(workflow, token))
+}
+
+#[pg_extern(sql = false)]
+fn fence(workflow: Option<&str>, token: Option<i64>) {
+    deliver(fence_impl(workflow, token));
+}
+
+crate::entry_points! {
+    sturdy_claim, pg_finfo_sturdy_claim => claim_wrapper;
+    sturdy_renew, pg_finfo_sturdy_renew => renew_wrapper;
+    sturdy_release, pg_finfo_sturdy_release => release_wrapper;
+    sturdy_fence, pg_finfo_sturdy_fence => fence_wrapper;
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{count, sqlstate_of};
+    use pgrx::prelude::*;
+
+    fn one_i64(sql: &str) -> Option<i64> {
+        Spi::get_one::<i64>(sql).unwrap()
+    }
+
+    #[pg_test]
+    fn first_claim_is_token_one_and_a_held_claim_returns_null() {
+        assert_eq!(one_i64("SELECT sturdy.claim('w1')"), Some(1));
+        assert_eq!(one_i64("SELECT sturdy.claim('w1')"), None);
+        assert_eq!(
+            one_i64("SELECT token FROM sturdy.claims WHERE workflow = 'w1'"),
+            Some(1)
+        );
+    }
+
+    #[pg_test]
+    fn a_lapsed_lease_is_taken_with_the_next_token() {
+        assert_eq!(one_i64("SELECT sturdy.claim('w2', '1 hour', 'a')"), Some(1));
+        // now() is frozen inside a test transaction: lapse the lease by hand.
+        Spi::run("UPDATE sturdy.claims SET held_until = now() - interval '1 second' WHERE workflow = 'w2'").unwrap();
+        assert_eq!(one_i64("SELECT sturdy.claim('w2', '1 hour', 'b')"), Some(2));
+        let owner = Spi::get_one::<String>("SELECT owner FROM sturdy.claims WHERE workflow = 'w2'")
+            .unwrap();
+        assert_eq!(owner.as_deref(), Some("b"));
+    }
+
+    #[pg_test]
+    fn release_keeps_the_token_and_frees_the_workflow() {
+        assert_eq!(one_i64("SELECT sturdy.claim('w3')"), Some(1));
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.release('w3', 2)").unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.release('w3', 1)").unwrap(),
+            Some(true)
+        );
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.release('w3', 1)").unwrap(),
+            Some(false)
+        );
+        assert_eq!(one_i64("SELECT sturdy.claim('w3')"), Some(2));
+    }
+
+    #[pg_test]
+    fn renew_extends_only_the_current_live_token() {
+        assert_eq!(one_i64("SELECT sturdy.claim('w4', '1 minute')"), Some(1));
+        let extended = Spi::get_one::<bool>(
+            "SELECT sturdy.renew('w4', 1, '1 hour') = now() + interval '1 hour'",
+        )
+        .unwrap();
+        assert_eq!(extended, Some(true));
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.renew('w4', 7, '1 hour') IS NULL").unwrap(),
+            Some(true)
+        );
+        Spi::run("UPDATE sturdy.claims SET held_until = now() WHERE workflow = 'w4'").unwrap();
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.renew('w4', 1, '1 hour') IS NULL").unwrap(),
+            Some(true)
+        );
+    }
+
+    #[pg_test]
+    fn fence_refuses_old_unknown_and_future_tokens() {
+        assert_eq!(sqlstate_of("SELECT sturdy.fence('never', 1)"), "SD001");
+        assert_eq!(one_i64("SELECT sturdy.claim('w5')"), Some(1));
+        assert_eq!(sqlstate_of("SELECT sturdy.fence('w5', 1)"), "00000");
+        assert_eq!(sqlstate_of("SELECT sturdy.fence('w5', 2)"), "SD001");
+        assert_eq!(sqlstate_of("SELECT sturdy.fence('w5', 0)"), "SD001");
+    }
+
+    #[pg_test]
+    fn claim_bad_arguments_are_refused_and_write_nothing() {
+        for (sql, state) in [
+            ("SELECT sturdy.claim(NULL)", "22004"),
+            ("SELECT sturdy.claim('')", "22023"),
+            ("SELECT sturdy.claim(repeat('x', 1025))", "22023"),
+            ("SELECT sturdy.claim('b', NULL)", "22004"),
+            ("SELECT sturdy.claim('b', '0 seconds')", "22023"),
+            ("SELECT sturdy.claim('b', '-1 minute')", "22023"),
+            ("SELECT sturdy.claim('b', '1 day -24 hours')", "22023"),
+            ("SELECT sturdy.claim('b', '1 minute', '')", "22023"),
+            ("SELECT sturdy.renew('b', NULL, '1 minute')", "22004"),
+            ("SELECT sturdy.renew('b', 1, '0 s')", "22023"),
+            ("SELECT sturdy.release(NULL, 1)", "22004"),
+            ("SELECT sturdy.fence('b', NULL)", "22004"),
+        ] {
+            assert_eq!(sqlstate_of(sql), state, "{sql}");
+        }
+        assert_eq!(count("sturdy.claims"), 0);
+    }
+
+    #[pg_test]
+    fn claim_hostile_names_are_data() {
+        let name = "x'); DROP TABLE sturdy.claims; --";
+        let token =
+            Spi::get_one_with_args::<i64>("SELECT sturdy.claim($1)", &[name.into()]).unwrap();
+        assert_eq!(token, Some(1));
+        assert_eq!(count("sturdy.claims"), 1);
+    }
+}
