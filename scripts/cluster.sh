@@ -28,7 +28,9 @@ start)
         echo "shared_buffers = 256MB"
         for line in "$@"; do echo "$line"; done
     } | as_pg tee -a "$dir/data/postgresql.conf" >/dev/null
-    as_pg "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
+    # pgrx appends a Rust backtrace to every error DETAIL when the server has
+    # RUST_BACKTRACE set; users never see that, and neither should our tests.
+    as_pg env -u RUST_BACKTRACE -u RUST_LIB_BACKTRACE "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null
     echo "cluster: started on port $port, socket $dir"
     ;;
 stop)

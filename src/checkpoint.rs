@@ -168,14 +168,10 @@ pub fn transact_impl(
     let step = error::name("step", step)?;
     let effect = error::required("effect", effect)?;
     let info = spi::proc_info(effect).ok_or_else(|| Error::EffectSignature {
-        effect: format!("OID {}", effect.to_u32()),
-        found: "no function with that OID".into(),
+        effect: format!("with OID {} (no such function)", effect.to_u32()),
     })?;
     if !info.is_jsonb_to_jsonb {
-        return Err(Error::EffectSignature {
-            effect: info.name,
-            found: info.signature,
-        });
+        return Err(Error::EffectSignature { effect: info.name });
     }
 
     let (current, recorded) = run_one(&TRANSACT_FENCE, &[workflow.into(), step.into()], |t| {

@@ -36,7 +36,7 @@ pub enum Error {
         current: Option<i64>,
     },
     /// `transact`'s effect is not a plain `jsonb -> jsonb` function.
-    EffectSignature { effect: String, found: String },
+    EffectSignature { effect: String },
     /// `transact`'s effect returned SQL NULL.
     EffectReturnedNull { effect: String },
     /// `transact`'s effect inserted the very checkpoint row `transact` writes.
@@ -73,9 +73,12 @@ impl Error {
                 format!("Use a {arg} of at most {MAX_NAME_BYTES} bytes, e.g. a hash of the long key.")
             }
             Error::NotPositive { arg, .. } => format!("Pass a {arg} greater than zero."),
-            Error::Fenced { .. } => "Another pass has claimed this workflow since this token was issued: \
-                 stop this pass and let the newer one carry on. Nothing was written."
+            Error::Fenced { current: Some(_), .. } => "Another pass has claimed this workflow since this token \
+                 was issued: stop this pass and let the newer one carry on. Nothing was written."
                 .into(),
+            Error::Fenced { current: None, .. } => {
+                "Claim the workflow with sturdy.claim first and pass the token it returns. Nothing was written.".into()
+            }
             Error::EffectSignature { .. } => {
                 "An effect is a function (arg jsonb) RETURNS jsonb, e.g. \
                  'my_effect(jsonb)'::regprocedure."
@@ -124,10 +127,10 @@ impl fmt::Display for Error {
                     "workflow {workflow:?} is fenced: token {token} was never issued (no claim exists)"
                 )
             }
-            Error::EffectSignature { effect, found } => {
+            Error::EffectSignature { effect } => {
                 write!(
                     f,
-                    "effect {effect} must take one jsonb argument and return jsonb, found {found}"
+                    "effect {effect} must be a plain function taking one jsonb argument and returning jsonb"
                 )
             }
             Error::EffectReturnedNull { effect } => write!(f, "effect {effect} returned NULL"),
@@ -187,7 +190,7 @@ pub fn lease(arg: &'static str, v: Option<pgrx::datum::Interval>) -> Result<pgrx
     if v.as_micros() <= 0 {
         return Err(Error::NotPositive {
             arg,
-            got: v.to_string(),
+            got: crate::spi::interval_text(v),
         });
     }
     Ok(v)

@@ -98,6 +98,14 @@ pub fn first_value<T: FromDatum + IntoDatum>(t: SpiTupleTable<'_>) -> Result<Opt
     }
 }
 
+/// An interval as Postgres prints it (`-00:05:00`, `1 day -24:00:00`).
+pub fn interval_text(v: pgrx::datum::Interval) -> String {
+    // SAFETY: interval_out takes one interval datum and returns a C string.
+    let text: Option<&std::ffi::CStr> =
+        unsafe { pgrx::direct_function_call(pg_sys::interval_out, &[v.into_datum()]) };
+    text.map_or_else(String::new, |t| t.to_string_lossy().into_owned())
+}
+
 /// A typed SQL NULL argument.
 pub fn null<T: IntoDatum>() -> DatumWithOid<'static> {
     DatumWithOid::null::<T>()
@@ -237,7 +245,6 @@ pub fn subtransaction<T>(
 pub struct ProcInfo {
     pub name: String,
     pub is_jsonb_to_jsonb: bool,
-    pub signature: String,
 }
 
 /// Look an effect function up; `None` when no function has that OID.
@@ -250,23 +257,17 @@ pub fn proc_info(oid: pg_sys::Oid) -> Option<ProcInfo> {
         && proc.proargmodes().iter().all(|m| *m == ProArgMode::In)
         && proc.prorettype() == pg_sys::JSONBOID
         && !proc.proretset();
-    // SAFETY: `oid` names an existing function (PgProc found it); both calls
-    // return palloc'd C strings.
-    let (name, signature) = unsafe {
+    // SAFETY: `oid` names an existing function (PgProc found it); the result
+    // is a palloc'd C string.
+    let name = unsafe {
         let name = pg_sys::format_procedure_qualified(oid);
-        let name = std::ffi::CStr::from_ptr(name)
+        std::ffi::CStr::from_ptr(name)
             .to_string_lossy()
-            .into_owned();
-        let ret = pg_sys::format_type_be(proc.prorettype());
-        let ret = std::ffi::CStr::from_ptr(ret).to_string_lossy().into_owned();
-        let setof = if proc.proretset() { "SETOF " } else { "" };
-        let sig = format!("{name} returning {setof}{ret}");
-        (name, sig)
+            .into_owned()
     };
     Some(ProcInfo {
         name,
         is_jsonb_to_jsonb,
-        signature,
     })
 }
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The out-of-process suites: a scratch cluster of our own, the extension as
+# installed by `cargo pgrx install`, then PostgreSQL's pg_regress (golden files
+# for what a psql user sees) and pg_isolation_regress (races, with real
+# concurrent sessions). Exits non-zero when any suite fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dir=${SUITES_DIR:-/tmp/pg_sturdy_suites}
+port=${SUITES_PORT:-55433}
+pgxs=$(/usr/bin/pg_config --pkglibdir)/pgxs/src/test
+out=$dir/out
+regress=(claims checkpoints security)
+isolation=(claim-race record-takeover transact-supply)
+
+scripts/cluster.sh start "$dir/cluster" "$port"
+trap 'scripts/cluster.sh stop "$dir/cluster" >/dev/null || true' EXIT
+rm -rf "$out"; mkdir -p "$out/regress" "$out/isolation"
+[ "$(id -u)" = 0 ] && chown -R postgres: "$out"
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+common=(--host="$dir/cluster" --port="$port" --user=postgres --load-extension=pg_sturdy)
+
+status=0
+as_pg "$pgxs/regress/pg_regress" "${common[@]}" --dbname=sturdy_regress \
+    --inputdir=pg_test/regress --outputdir="$out/regress" "${regress[@]}" | tee "$out/regress.log" || status=1
+as_pg "$pgxs/isolation/pg_isolation_regress" "${common[@]}" --dbname=sturdy_isolation \
+    --inputdir=pg_test/isolation --outputdir="$out/isolation" "${isolation[@]}" | tee "$out/isolation.log" || status=1
+total=$(( ${#regress[@]} + ${#isolation[@]} ))
+failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
+
+if [ "$status" != 0 ]; then
+    for d in "$out"/*/regression.diffs; do [ -s "$d" ] && { echo "== $d"; head -200 "$d"; }; done
+    echo "suites: $((total - failed)) passed, $failed failed"
+    exit 1
+fi
+echo "suites: $total passed, 0 failed"
