@@ -34,7 +34,7 @@ suites:
 	scripts/suites.sh
 
 bench: install
-	scripts/bench.sh
+	scripts/bench.py
 
 fmt:
 	cargo fmt --all

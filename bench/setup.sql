@@ -1,0 +1,18 @@
+-- A steady state with history: 100,000 finished workflows, each with a
+-- released claim and three checkpoints, in pg_sturdy's tables and in the
+-- seed's tables alike; then ANALYZE, so no plan is made on an empty table.
+CREATE EXTENSION pg_sturdy;
+CREATE SCHEMA seed;
+CREATE TABLE seed.workflow_checkpoint (workflow text NOT NULL, step text NOT NULL, value jsonb NOT NULL,
+                                       PRIMARY KEY (workflow, step));
+CREATE TABLE seed.workflow_claim (workflow text PRIMARY KEY, token bigint NOT NULL, held_until timestamptz NOT NULL);
+
+INSERT INTO sturdy.claims (workflow, token, held_until, owner, claimed_at)
+SELECT 'hist-' || i, 1 + i % 3, now() - interval '1 hour', 'history', now() - interval '2 hours'
+  FROM generate_series(1, 100000) i;
+INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
+SELECT 'hist-' || i, 'step-' || s, jsonb_build_object('n', i, 's', s), 1, now() - interval '2 hours'
+  FROM generate_series(1, 100000) i, generate_series(1, 3) s;
+INSERT INTO seed.workflow_claim SELECT workflow, token, held_until FROM sturdy.claims;
+INSERT INTO seed.workflow_checkpoint SELECT workflow, step, value FROM sturdy.checkpoints;
+VACUUM ANALYZE sturdy.claims, sturdy.checkpoints, seed.workflow_claim, seed.workflow_checkpoint;

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""pg_sturdy's benchmark: pgbench scripts side by side, in one run, on one
+scratch cluster, as ratios. Not a test: it measures and reports.
+
+Each case is a pair of pgbench scripts (pg_sturdy's and a baseline) run at
+1, 4 and 16 clients, interleaved and repeated, from a steady state with
+history (bench/setup.sql). After every run it reads pg_stat_user_tables and
+reports any sequential scan on a hot table: a plan gone bad shows up there.
+
+  scripts/bench.py            (via `make bench`)
+  BENCH_SECONDS=10 BENCH_REPS=3 BENCH_CLIENTS=1,4,16
+"""
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIR = os.path.join(ROOT, "target", "bench")
+PORT = os.environ.get("BENCH_PORT", "55435")
+SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
+REPS = int(os.environ.get("BENCH_REPS", "3"))
+CLIENTS = [int(c) for c in os.environ.get("BENCH_CLIENTS", "1,4,16").split(",")]
+HOT = ["sturdy.claims", "sturdy.checkpoints", "seed.workflow_claim", "seed.workflow_checkpoint"]
+
+# (case, pg_sturdy script, baseline script, what a transaction of the script is)
+CASES = [
+    ("claim + record (a pass)", "bench/sturdy_pass.sql", "bench/seed_pass.sql"),
+]
+
+CONN = ["-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres"]
+
+
+def psql(sql):
+    out = subprocess.run(["psql", *CONN, "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql, "postgres"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def seq_scans():
+    rows = psql("SELECT schemaname || '.' || relname, seq_scan FROM pg_stat_user_tables")
+    return {r.split("|")[0]: int(r.split("|")[1]) for r in rows.splitlines()}
+
+
+def pgbench(script, clients):
+    cmd = ["pgbench", *CONN, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+           "-T", str(SECONDS), "-f", os.path.join(ROOT, script), "postgres"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0 or "failed:" in out.stdout and not re.search(r"failed: 0 ", out.stdout):
+        sys.exit(f"pgbench failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.stdout)
+    return float(m.group(1))
+
+
+def main():
+    subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
+                    "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min"], check=True)
+    try:
+        subprocess.run(["psql", *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
+                        os.path.join(ROOT, "bench", "setup.sql"), "postgres"], check=True)
+        results = {}  # (case, clients) -> {"sturdy": [tps], "base": [tps]}
+        seq = {}
+        for rep in range(REPS):
+            for case, sturdy, base in CASES:
+                for clients in CLIENTS:
+                    # alternate which goes first, so drift favours neither
+                    order = [("sturdy", sturdy), ("base", base)]
+                    if rep % 2:
+                        order.reverse()
+                    for side, script in order:
+                        before = seq_scans()
+                        tps = pgbench(script, clients)
+                        after = seq_scans()
+                        results.setdefault((case, clients), {"sturdy": [], "base": []})[side].append(tps)
+                        for t in HOT:
+                            seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
+                        print(f"rep {rep + 1} {case:28} {clients:3} clients {side:6} {tps:10.0f} tps", flush=True)
+        report(results, seq)
+    finally:
+        subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
+
+
+def fmt(xs):
+    return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}..{max(xs):,.0f})"
+
+
+def report(results, seq):
+    lines = [
+        f"pgbench -M prepared, {SECONDS} s per run, {REPS} runs each (median, min..max), "
+        f"{os.cpu_count()} cores, one scratch cluster, synchronous_commit on",
+        "",
+        "| case | clients | pg_sturdy | baseline | ratio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for (case, clients), r in results.items():
+        ratio = statistics.median(r["sturdy"]) / statistics.median(r["base"])
+        lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | {fmt(r['base'])} | {ratio:.2f}x |")
+    lines += ["", "Sequential scans on hot tables during the runs: "
+              + ", ".join(f"{t} {n}" for t, n in seq.items())]
+    text = "\n".join(lines)
+    os.makedirs(DIR, exist_ok=True)
+    with open(os.path.join(DIR, "results.md"), "w") as f:
+        f.write(text + "\n")
+    print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()

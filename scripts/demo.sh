@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The demo: two workers, one workflow, fencing in action. Each "worker" line
+# runs on its own connection. By default it starts a scratch cluster under
+# target/demo; set PGSTURDY_DSN to run it against an existing server instead
+# (the extension must be installed there: `make install`, then it creates it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${PGSTURDY_DSN:-}" ]; then
+    dir=$PWD/target/demo port=${DEMO_PORT:-55434}
+    scripts/cluster.sh start "$dir" "$port" >/dev/null
+    trap 'scripts/cluster.sh stop "$dir" >/dev/null' EXIT
+    PGSTURDY_DSN="host=$dir port=$port user=postgres dbname=postgres"
+fi
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# q WHO SQL: run SQL on a fresh connection, labelled with who runs it.
+q() {
+    local who=$1 sql=$2
+    printf '\033[36m%s>\033[0m %s\n' "$who" "$sql"
+    psql "$PGSTURDY_DSN" -X -q -P pager=off -P null='(null)' 2>&1 <<SQL | sed 's/^/    /'
+$sql;
+\\if :ERROR
+\\echo '(SQLSTATE' :LAST_ERROR_SQLSTATE')'
+\\endif
+SQL
+}
+
+q setup "DROP EXTENSION IF EXISTS pg_sturdy CASCADE; CREATE EXTENSION pg_sturdy;"
+
+say "Two workers race for workflow 'order-42'; the first wins token 1, the second gets NULL"
+q worker-a "SELECT sturdy.claim('order-42', lease => '2 seconds', owner => 'worker-a') AS token"
+q worker-b "SELECT sturdy.claim('order-42', lease => '2 seconds', owner => 'worker-b') AS token"
+
+say "Worker A records its first step under token 1"
+q worker-a "SELECT * FROM sturdy.record('order-42', 'reserve-stock', '{\"sku\": \"X-1\", \"qty\": 2}', token => 1)"
+
+say "Worker A stalls (a GC pause, a lost network) and its 2-second lease lapses ..."
+sleep 2.5
+q worker-b "SELECT sturdy.claim('order-42', lease => '1 minute', owner => 'worker-b') AS token"
+
+say "Worker B takes over: it reads what is done and carries on with token 2"
+q worker-b "SELECT step, value FROM sturdy.load('order-42')"
+q worker-b "SELECT * FROM sturdy.record('order-42', 'charge-card', '{\"amount\": 99.5}', token => 2)"
+
+say "Worker A wakes up and tries to write with its stale token: refused with SD001, nothing written"
+q worker-a "SELECT * FROM sturdy.record('order-42', 'charge-card', '{\"amount\": 99.5}', token => 1)"
+q worker-a "SELECT sturdy.fence('order-42', 1)"
+
+say "An approval arrives from outside any pass (a webhook): supply, first writer wins"
+q webhook "SELECT sturdy.supply('order-42', 'manager-approval', '{\"by\": \"dana\"}')"
+q webhook "SELECT sturdy.supply('order-42', 'manager-approval', '{\"by\": \"someone-else\"}')"
+
+say "Exactly-once in-database effect: transact runs ship() once and records its result"
+q setup "CREATE TABLE shipments (workflow text, carrier text);
+CREATE FUNCTION ship(arg jsonb) RETURNS jsonb LANGUAGE plpgsql AS \$\$
+BEGIN INSERT INTO shipments VALUES (arg->>'workflow', arg->>'carrier');
+      RETURN jsonb_build_object('shipped_by', arg->>'carrier'); END \$\$;"
+q worker-b "SELECT sturdy.transact('order-42', 2, 'ship', 'ship(jsonb)', '{\"workflow\": \"order-42\", \"carrier\": \"ups\"}')"
+say "A retry of the same step (say the worker crashed before it saw the answer) returns the recorded value; ship() does not run again"
+q worker-b "SELECT sturdy.transact('order-42', 2, 'ship', 'ship(jsonb)', '{\"workflow\": \"order-42\", \"carrier\": \"dhl\"}')"
+q anyone "SELECT count(*) AS shipments FROM shipments"
+
+say "The history, as load shows it, and the claim"
+q anyone "SELECT step, value, to_char(recorded_at, 'HH24:MI:SS.MS') AS at FROM sturdy.load('order-42')"
+q anyone "SELECT workflow, token, owner FROM sturdy.claims"
+q worker-b "SELECT sturdy.release('order-42', 2) AS released"
+say "Done."
