@@ -18,10 +18,13 @@ COMMENT ON COLUMN sturdy.checkpoints.value IS 'The step''s value. JSON null is a
 COMMENT ON COLUMN sturdy.checkpoints.token IS 'The fencing token of the pass that recorded it; NULL when supplied from outside a pass.';
 COMMENT ON COLUMN sturdy.checkpoints.recorded_at IS 'When it was written (clock_timestamp(), so steps of one transaction keep their order).';
 
-CREATE FUNCTION sturdy.record(workflow text, step text, value jsonb, token bigint)
-    RETURNS TABLE (recorded jsonb, first boolean)
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER ROWS 1
-    SET search_path = pg_catalog, pg_temp
+-- One row through OUT parameters rather than RETURNS TABLE: the same columns
+-- for SELECT * FROM sturdy.record(...), without a set-returning function's
+-- second call and tuplestore on every write.
+CREATE FUNCTION sturdy.record(workflow text, step text, value jsonb, token bigint,
+                              OUT recorded jsonb, OUT first boolean)
+    RETURNS record
+    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_record';
 COMMENT ON FUNCTION sturdy.record(text, text, jsonb, bigint) IS
     'Fenced first-writer-wins checkpoint: the value stored after the call and whether this call stored it. Raises SD001 when token is not the current claim.';
@@ -29,7 +32,6 @@ COMMENT ON FUNCTION sturdy.record(text, text, jsonb, bigint) IS
 CREATE FUNCTION sturdy.supply(workflow text, step text, value jsonb)
     RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', 'sturdy_supply';
 COMMENT ON FUNCTION sturdy.supply(text, text, jsonb) IS
     'Unfenced first-writer-wins checkpoint for a value from outside any pass (an approval, a webhook). Returns the value stored after the call.';
@@ -37,13 +39,13 @@ COMMENT ON FUNCTION sturdy.supply(text, text, jsonb) IS
 CREATE FUNCTION sturdy.load(workflow text)
     RETURNS TABLE (step text, value jsonb, recorded_at timestamptz)
     LANGUAGE c STABLE PARALLEL UNSAFE SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', 'sturdy_load';
 COMMENT ON FUNCTION sturdy.load(text) IS
     'A workflow''s recorded steps, oldest first.';
 
--- No SET search_path: the effect is caller code and runs under the caller's
--- own search_path. Every statement transact itself runs is fully qualified.
+-- Not pinned: the effect is caller code and runs under the caller's own
+-- search_path. Every statement transact itself runs qualifies its tables,
+-- functions and operators.
 CREATE FUNCTION sturdy.transact(workflow text, token bigint, step text, effect regprocedure, arg jsonb DEFAULT NULL)
     RETURNS jsonb
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER

@@ -1,5 +1,11 @@
 -- Claims: who may write a workflow's checkpoints, under which fencing token,
 -- until when. One row per workflow, kept after release so tokens only go up.
+--
+-- The C functions below carry no SET search_path clause, yet run under a
+-- pinned search path: each pushes PostgreSQL's override search path
+-- (pg_catalog alone) around its work (src/spi.rs, `pinned`). Same protection
+-- against a caller's search_path, without the per-call GUC save and restore
+-- the clause costs.
 
 CREATE TABLE sturdy.claims (
     workflow   text        PRIMARY KEY,
@@ -21,7 +27,6 @@ COMMENT ON COLUMN sturdy.claims.claimed_at IS 'When the current token was issued
 CREATE FUNCTION sturdy.claim(workflow text, lease interval DEFAULT '1 minute', owner text DEFAULT NULL)
     RETURNS bigint
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', 'sturdy_claim';
 COMMENT ON FUNCTION sturdy.claim(text, interval, text) IS
     'Take the workflow if nobody holds it (never claimed, released, or lease lapsed). Returns the new fencing token, higher than every earlier one, or NULL when someone else holds it.';
@@ -29,7 +34,6 @@ COMMENT ON FUNCTION sturdy.claim(text, interval, text) IS
 CREATE FUNCTION sturdy.renew(workflow text, token bigint, lease interval)
     RETURNS timestamptz
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', 'sturdy_renew';
 COMMENT ON FUNCTION sturdy.renew(text, bigint, interval) IS
     'Extend a live claim to now() + lease. Returns the new expiry, or NULL when the token is no longer current or its lease already lapsed.';
@@ -37,7 +41,6 @@ COMMENT ON FUNCTION sturdy.renew(text, bigint, interval) IS
 CREATE FUNCTION sturdy.release(workflow text, token bigint)
     RETURNS boolean
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', 'sturdy_release';
 COMMENT ON FUNCTION sturdy.release(text, bigint) IS
     'Hand a live claim back early, keeping its token so the next claim gets the next number. True when this call let go of a live claim.';
@@ -45,7 +48,6 @@ COMMENT ON FUNCTION sturdy.release(text, bigint) IS
 CREATE FUNCTION sturdy.fence(workflow text, token bigint)
     RETURNS void
     LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', 'sturdy_fence';
 COMMENT ON FUNCTION sturdy.fence(text, bigint) IS
     'Lock the claim row (FOR UPDATE) and raise SD001 unless token is the current one: the first statement of a hand-written exactly-once transaction.';

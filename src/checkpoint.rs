@@ -20,7 +20,8 @@ use pgrx::prelude::*;
 
 use crate::claim;
 use crate::error::{self, Error, Result, deliver};
-use crate::spi::{self, Jsonb, Statement, first_value, run_one};
+use crate::spi::{self, Jsonb, Row, Statement, first_value, run_one};
+use pgrx::IntoDatum;
 
 /// The fenced first-writer-wins write. No row back means the fence refused
 /// (no claim, or another token). `DO UPDATE SET value = cp.value` changes
@@ -214,19 +215,27 @@ pub fn transact_impl(
     })
 }
 
+/// `record`'s OUT parameters.
+static RECORDED: [(&std::ffi::CStr, pg_sys::Oid); 2] =
+    [(c"recorded", pg_sys::JSONBOID), (c"first", pg_sys::BOOLOID)];
+
 #[pg_extern(sql = false)]
 fn record(
     workflow: Option<&str>,
     step: Option<&str>,
     value: Option<Jsonb>,
     token: Option<i64>,
-) -> TableIterator<'static, (name!(recorded, Jsonb), name!(first, bool))> {
-    TableIterator::new(deliver(record_impl(workflow, step, value, token)))
+) -> Option<Row> {
+    let (value, first) = deliver(spi::pinned(|| record_impl(workflow, step, value, token)))?;
+    Some(Row::new(
+        &RECORDED,
+        &[value.into_datum(), first.into_datum()],
+    ))
 }
 
 #[pg_extern(sql = false)]
 fn supply(workflow: Option<&str>, step: Option<&str>, value: Option<Jsonb>) -> Option<Jsonb> {
-    deliver(supply_impl(workflow, step, value))
+    deliver(spi::pinned(|| supply_impl(workflow, step, value)))
 }
 
 #[pg_extern(sql = false)]
@@ -240,7 +249,7 @@ fn load(
         name!(recorded_at, TimestampWithTimeZone),
     ),
 > {
-    TableIterator::new(deliver(load_impl(workflow)).unwrap_or_default())
+    TableIterator::new(deliver(spi::pinned(|| load_impl(workflow))).unwrap_or_default())
 }
 
 #[pg_extern(sql = false)]

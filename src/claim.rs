@@ -16,7 +16,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::error::{self, Error, Result, deliver};
-use crate::spi::{Statement, first_value, null, run_one};
+use crate::spi::{self, Statement, first_value, null, run_one};
 
 /// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
 /// free" test: a live lease fails it, nothing is written and no row returns.
@@ -144,7 +144,7 @@ pub fn lock_current(workflow: &str) -> Result<Option<i64>> {
 
 #[pg_extern(sql = false)]
 fn claim(workflow: Option<&str>, lease: Option<Interval>, owner: Option<&str>) -> Option<i64> {
-    deliver(claim_impl(workflow, lease, owner)).flatten()
+    deliver(spi::pinned(|| claim_impl(workflow, lease, owner))).flatten()
 }
 
 #[pg_extern(sql = false)]
@@ -153,17 +153,17 @@ fn renew(
     token: Option<i64>,
     lease: Option<Interval>,
 ) -> Option<TimestampWithTimeZone> {
-    deliver(renew_impl(workflow, token, lease)).flatten()
+    deliver(spi::pinned(|| renew_impl(workflow, token, lease))).flatten()
 }
 
 #[pg_extern(sql = false)]
 fn release(workflow: Option<&str>, token: Option<i64>) -> Option<bool> {
-    deliver(release_impl(workflow, token))
+    deliver(spi::pinned(|| release_impl(workflow, token)))
 }
 
 #[pg_extern(sql = false)]
 fn fence(workflow: Option<&str>, token: Option<i64>) {
-    deliver(fence_impl(workflow, token));
+    deliver(spi::pinned(|| fence_impl(workflow, token)));
 }
 
 crate::entry_points! {

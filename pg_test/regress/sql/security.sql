@@ -1,5 +1,6 @@
 -- Security: SECURITY INVOKER everywhere, search_path pinned where no caller
--- code runs, nothing open to PUBLIC, grant_usage opens exactly the API.
+-- code runs (inside the C functions, see sql/claims.sql), nothing open to
+-- PUBLIC, grant_usage opens exactly the API.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
@@ -40,6 +41,17 @@ CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT 'infini
 SET search_path = evil, pg_catalog;
 SELECT sturdy.claim('sec-2', '1 minute') AS token;
 SELECT count(*) AS evil_rows FROM evil.claims;
+-- an operator that would hijack record's unqualified "=" on text if its
+-- statement were ever analysed under the caller's search_path
+CREATE FUNCTION evil.texteq(a text, b text) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$;
+CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq);
+SELECT * FROM sturdy.record('sec-2', 's', '"mine"', 1);
+SELECT * FROM sturdy.record('sec-1', 's', '"hijack"', 99);
+\echo :LAST_ERROR_SQLSTATE
+SELECT sturdy.fence('sec-2', 1);
+SELECT sturdy.claim('sec-3') AS token;
+SELECT sturdy.supply('sec-3', 's', '"supplied"');
+SELECT step, value FROM sturdy.load('sec-3');
 RESET search_path;
 SELECT workflow, held_until < now() + interval '2 minutes' AS sane FROM sturdy.claims WHERE workflow = 'sec-2';
 
@@ -49,5 +61,6 @@ SELECT c.relname, c.relkind FROM pg_extension e, unnest(e.extconfig) AS cfg(oid)
 
 REVOKE sturdy_user FROM sturdy_regress_app;
 DROP OWNED BY sturdy_user, sturdy_regress_app;
+DROP SCHEMA evil CASCADE;
 DROP ROLE sturdy_user;
 DROP ROLE sturdy_regress_app;
