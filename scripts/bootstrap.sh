@@ -28,4 +28,10 @@ if ! grep -qs "pg15 *= *\"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml";
     echo "bootstrap: cargo pgrx init --pg15 $PG_CONFIG"
     cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
 fi
+# the multi-connection tests and the demo's listening worker talk to the
+# server through psycopg 3
+if ! python3 -c 'import psycopg' 2>/dev/null; then
+    echo "bootstrap: pip install psycopg[binary]"
+    python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.2,<4'
+fi
 echo "bootstrap: ready (cargo-pgrx $PGRX_VERSION, $("$PG_CONFIG" --version))"

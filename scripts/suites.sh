@@ -11,7 +11,7 @@ port=${SUITES_PORT:-55433}
 pgxs=$(/usr/bin/pg_config --pkglibdir)/pgxs/src/test
 out=$dir/out
 regress=(claims checkpoints security)
-isolation=(claim-race record-takeover transact-supply)
+isolation=(claim-race record-takeover transact-supply take-skip-locked wakeup-during-pass arrive-notify)
 
 scripts/cluster.sh start "$dir/cluster" "$port"
 trap 'scripts/cluster.sh stop "$dir/cluster" >/dev/null || true' EXIT
@@ -25,8 +25,14 @@ as_pg "$pgxs/regress/pg_regress" "${common[@]}" --dbname=sturdy_regress \
     --inputdir=pg_test/regress --outputdir="$out/regress" "${regress[@]}" | tee "$out/regress.log" || status=1
 as_pg "$pgxs/isolation/pg_isolation_regress" "${common[@]}" --dbname=sturdy_isolation \
     --inputdir=pg_test/isolation --outputdir="$out/isolation" "${isolation[@]}" | tee "$out/isolation.log" || status=1
-total=$(( ${#regress[@]} + ${#isolation[@]} ))
+# Several real connections at once, from outside: draining, fan-out, NOTIFY.
+as_pg psql -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE DATABASE sturdy_concurrency" postgres
+as_pg psql -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
+python3 pg_test/concurrency.py "host=$dir/cluster port=$port user=postgres dbname=sturdy_concurrency" \
+    | tee "$out/concurrency.log" || status=1
+total=$(( ${#regress[@]} + ${#isolation[@]} + $(grep -cE '^(ok|FAIL) ' "$out/concurrency.log") ))
 failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
+failed=$(( failed + $(grep -c '^FAIL ' "$out/concurrency.log" || true) ))
 
 if [ "$status" != 0 ]; then
     for d in "$out"/*/regression.diffs; do [ -s "$d" ] && { echo "== $d"; head -200 "$d"; }; done

@@ -12,6 +12,7 @@ pub mod spi;
 
 mod checkpoint;
 mod claim;
+mod queue;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
@@ -22,6 +23,11 @@ pgrx::extension_sql_file!(
     "../sql/checkpoints.sql",
     name = "checkpoints",
     requires = ["claims"]
+);
+pgrx::extension_sql_file!(
+    "../sql/queue.sql",
+    name = "queue",
+    requires = ["checkpoints"]
 );
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
