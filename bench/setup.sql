@@ -16,3 +16,15 @@ SELECT 'hist-' || i, 'step-' || s, jsonb_build_object('n', i, 's', s), 1, now() 
 INSERT INTO seed.workflow_claim SELECT workflow, token, held_until FROM sturdy.claims;
 INSERT INTO seed.workflow_checkpoint SELECT workflow, step, value FROM sturdy.checkpoints;
 VACUUM ANALYZE sturdy.claims, sturdy.checkpoints, seed.workflow_claim, seed.workflow_checkpoint;
+
+-- The queue: tables of the seed's shape, a trivial-write table, and history
+-- (100,000 rows sleeping far in the future in another queue of each).
+CREATE TABLE seed.workflow_queue (namespace text NOT NULL, workflow text NOT NULL, visible_at timestamptz NOT NULL,
+                                  PRIMARY KEY (namespace, workflow));
+CREATE INDEX workflow_queue_visible_at ON seed.workflow_queue (namespace, visible_at);
+CREATE TABLE bench_counter (id int PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
+INSERT INTO bench_counter (id) SELECT generate_series(1, 10000);
+INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
+SELECT 'history', 'hist-' || i, now() + interval '10 years', now() FROM generate_series(1, 100000) i;
+INSERT INTO seed.workflow_queue SELECT 'history', workflow, visible_at FROM sturdy.queue;
+VACUUM ANALYZE sturdy.queue, seed.workflow_queue, bench_counter;

@@ -41,39 +41,30 @@ static SCHEDULE: Statement = Statement {
     writes: true,
 };
 
-/// Lease the oldest ready rows; the new `visible_at` is the receipt.
-static TAKE: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT workflow, visible_at FROM sturdy.queue
-               WHERE queue = $1 AND visible_at <= pg_catalog.now()
-               ORDER BY visible_at
-               LIMIT $3
-               FOR UPDATE SKIP LOCKED)
-          UPDATE sturdy.queue AS q
-             SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1
-            FROM due
-           WHERE q.queue = $1 AND q.workflow = due.workflow
-          RETURNING q.workflow, q.visible_at, NULL::bigint, due.visible_at AS was",
-    args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID],
-    writes: true,
-};
-
-/// `TAKE`, and claim every taken workflow for the same lease in the same
-/// statement (the claim upsert of `claim.rs`, row by row). The token is NULL
-/// where someone still holds the claim.
-static TAKE_AND_CLAIM: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT workflow, visible_at FROM sturdy.queue
-               WHERE queue = $1 AND visible_at <= pg_catalog.now()
-               ORDER BY visible_at
-               LIMIT $3
-               FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1
-                FROM due
-               WHERE q.queue = $1 AND q.workflow = due.workflow
-              RETURNING q.workflow, q.visible_at, due.visible_at AS was),
+/// Lease the oldest ready rows; the new `visible_at` is the receipt. With
+/// `claim`, also claim every taken workflow for the same lease in the same
+/// statement (the claim upsert of `claim.rs`; the token is NULL where someone
+/// still holds the claim).
+///
+/// The chosen rows are updated through their `ctid`s (we hold their row
+/// locks, so the tuple ids are stable for the statement): a TID scan whatever
+/// the planner believes. Joined back by key, a backlog that arrived after the
+/// last ANALYZE made the plan scan the queue once per row (measured: 680 ms
+/// instead of 1.8 ms to take 100 of 50,000).
+///
+/// `LIMIT` comes in two shapes. A parameter makes the generic plan's estimate
+/// assume a large batch, so the plan cache re-plans every call (measured:
+/// take(claim) at 0.45 ms against 0.28 ms for a plain statement); `max => 1`,
+/// a worker's usual call, gets a literal and settles on the generic plan.
+macro_rules! take_sql {
+    (limit = $limit:literal, claim = false) => {
+        concat!(take_sql!(@taken $limit), "
+          SELECT t.workflow, t.visible_at, NULL::bigint
+            FROM taken t JOIN due d ON d.workflow = t.workflow
+           ORDER BY d.visible_at")
+    };
+    (limit = $limit:literal, claim = true) => {
+        concat!(take_sql!(@taken $limit), ",
           claimed AS (
               INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
               SELECT workflow, 1, pg_catalog.now() + $2, NULL, pg_catalog.now() FROM taken
@@ -82,9 +73,45 @@ static TAKE_AND_CLAIM: Statement = Statement {
                      owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
                WHERE held.held_until <= pg_catalog.now()
               RETURNING held.workflow, held.token)
-          SELECT t.workflow, t.visible_at, c.token, t.was
-            FROM taken t LEFT JOIN claimed c ON c.workflow = t.workflow",
-    args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID],
+          SELECT t.workflow, t.visible_at, c.token
+            FROM taken t JOIN due d ON d.workflow = t.workflow
+            LEFT JOIN claimed c ON c.workflow = t.workflow
+           ORDER BY d.visible_at")
+    };
+    (@taken $limit:literal) => {
+        concat!("WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at FROM sturdy.queue
+               WHERE queue = $1 AND visible_at <= pg_catalog.now()
+               ORDER BY visible_at
+               LIMIT ", $limit, "
+               FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1
+               WHERE q.ctid = ANY (ARRAY(SELECT ctid FROM due))
+              RETURNING q.workflow, q.visible_at)")
+    };
+}
+
+const TAKE_ARGS: &[pg_sys::Oid] = &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID];
+static TAKE_ONE: Statement = Statement {
+    sql: take_sql!(limit = "1", claim = false),
+    args: TAKE_ARGS,
+    writes: true,
+};
+static TAKE_ONE_CLAIM: Statement = Statement {
+    sql: take_sql!(limit = "1", claim = true),
+    args: TAKE_ARGS,
+    writes: true,
+};
+static TAKE_MANY: Statement = Statement {
+    sql: take_sql!(limit = "$3", claim = false),
+    args: TAKE_ARGS,
+    writes: true,
+};
+static TAKE_MANY_CLAIM: Statement = Statement {
+    sql: take_sql!(limit = "$3", claim = true),
+    args: TAKE_ARGS,
     writes: true,
 };
 
@@ -148,27 +175,24 @@ pub fn take_impl(
         });
     }
     let claim = error::required("claim", claim)?;
-    let stmt = if claim { &TAKE_AND_CLAIM } else { &TAKE };
+    let stmt = match (max, claim) {
+        (1, false) => &TAKE_ONE,
+        (1, true) => &TAKE_ONE_CLAIM,
+        (_, false) => &TAKE_MANY,
+        (_, true) => &TAKE_MANY_CLAIM,
+    };
     run_one(
         stmt,
         &[queue.into(), lease.into(), i64::from(max).into()],
         |t| {
-            let mut rows = t
-                .map(|row| {
-                    let workflow = row.get::<String>(1)?;
-                    let receipt = row.get::<TimestampWithTimeZone>(2)?;
-                    let token = row.get::<i64>(3)?;
-                    let was = row.get::<TimestampWithTimeZone>(4)?;
-                    Ok(workflow
-                        .zip(receipt)
-                        .zip(was)
-                        .map(|((w, r), was)| (was, (w, r, token))))
-                })
-                .filter_map(|r: Result<_>| r.transpose())
-                .collect::<Result<Vec<_>>>()?;
-            // oldest first, as they were waiting
-            rows.sort_by(|a, b| a.0.cmp(&b.0));
-            Ok(rows.into_iter().map(|(_, row)| row).collect())
+            t.map(|row| {
+                let workflow = row.get::<String>(1)?;
+                let receipt = row.get::<TimestampWithTimeZone>(2)?;
+                let token = row.get::<i64>(3)?;
+                Ok(workflow.zip(receipt).map(|(w, r)| (w, r, token)))
+            })
+            .filter_map(|r: Result<_>| r.transpose())
+            .collect()
         },
     )
 }
