@@ -49,7 +49,7 @@ CASES = [
     dict(name="take and done vs trivial write, transactions/s", sturdy="bench/sturdy_take_done.sql",
          base="bench/trivial_write.sql", sturdy_per=2, before=backlog(60000)),
     dict(name="take(max => 100) + batched done, jobs/s", sturdy="bench/sturdy_batch.sql", base=None,
-         sturdy_per=100, before=backlog(250000)),
+         sturdy_per=100, before=backlog(600000)),
 ]
 ONLY = os.environ.get("BENCH_CASES")  # e.g. "1,2": run only these (1-based)
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The demo: two workers, one workflow, fencing in action. Each "worker" line
-# runs on its own connection. By default it starts a scratch cluster under
+# The demo: two workers, one workflow, fencing in action (each "worker" line
+# runs on its own connection); then a queue worker that sleeps on LISTEN,
+# takes with a claim, suspends with wake_at and wakes when an approval
+# arrives (scripts/demo_worker.py). By default it starts a scratch cluster under
 # target/demo; set PGSTURDY_DSN to run it against an existing server instead
 # (the extension must be installed there: `make install`, then it creates it).
 set -euo pipefail
@@ -65,4 +67,7 @@ say "The history, as load shows it, and the claim"
 q anyone "SELECT step, value, to_char(recorded_at, 'HH24:MI:SS.MS') AS at FROM sturdy.load('order-42')"
 q anyone "SELECT workflow, token, owner FROM sturdy.claims"
 q worker-b "SELECT sturdy.release('order-42', 2) AS released"
+
+say "The queue: a worker that sleeps on LISTEN, suspends for an approval, and wakes when it arrives"
+python3 scripts/demo_worker.py "$PGSTURDY_DSN"
 say "Done."

@@ -18,18 +18,30 @@ use pgrx::prelude::*;
 use crate::error::{self, Error, Result, deliver};
 use crate::spi::{self, Statement, first_value, null, run_one};
 
-/// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
-/// free" test: a live lease fails it, nothing is written and no row returns.
-/// Two first claims race on the primary key; the loser waits, then takes the
-/// `DO UPDATE` arm and finds the lease live.
+/// The claim upsert, for the rows `$rows` produces (`VALUES` or a `SELECT`
+/// of workflow, 1, held_until, owner, claimed_at). The `WHERE` on `DO UPDATE`
+/// is the "is it free" test: a live lease fails it, nothing is written and no
+/// row returns. Two first claims race on the primary key; the loser waits,
+/// then takes the `DO UPDATE` arm and finds the lease live. `take(claim =>
+/// true)` uses the same text, so a claim means one thing everywhere.
+macro_rules! claim_upsert_sql {
+    ($rows:literal) => {
+        concat!(
+            "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at) ",
+            $rows,
+            " ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token + 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until <= pg_catalog.now()
+              RETURNING held.workflow, held.token"
+        )
+    };
+}
+pub(crate) use claim_upsert_sql;
+
+/// Take the workflow when it is free.
 static CLAIM: Statement = Statement {
-    sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-          VALUES ($1, 1, pg_catalog.now() + $2, $3, pg_catalog.now())
-          ON CONFLICT (workflow) DO UPDATE
-             SET token = held.token + 1, held_until = EXCLUDED.held_until,
-                 owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-           WHERE held.held_until <= pg_catalog.now()
-          RETURNING held.token",
+    sql: claim_upsert_sql!("VALUES ($1, 1, pg_catalog.now() + $2, $3, pg_catalog.now())"),
     args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
     writes: true,
 };
@@ -101,7 +113,13 @@ pub fn claim_impl(
     let lease = error::lease("lease", lease)?;
     let owner = error::optional_name("owner", owner)?;
     let owner = owner.map_or_else(null::<&str>, Into::into);
-    run_one(&CLAIM, &[workflow.into(), lease.into(), owner], first_value)
+    run_one(&CLAIM, &[workflow.into(), lease.into(), owner], |t| {
+        Ok(if t.is_empty() {
+            None
+        } else {
+            t.first().get::<i64>(2)?
+        })
+    })
 }
 
 pub fn renew_impl(

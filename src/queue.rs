@@ -43,8 +43,8 @@ static SCHEDULE: Statement = Statement {
 
 /// Lease the oldest ready rows; the new `visible_at` is the receipt. With
 /// `claim`, also claim every taken workflow for the same lease in the same
-/// statement (the claim upsert of `claim.rs`; the token is NULL where someone
-/// still holds the claim).
+/// statement (`claim.rs`'s upsert; the token is NULL where someone still holds
+/// the claim).
 ///
 /// The chosen rows are updated through their `ctid`s (we hold their row
 /// locks, so the tuple ids are stable for the statement): a TID scan whatever
@@ -59,89 +59,73 @@ static SCHEDULE: Statement = Statement {
 /// estimate assume a big batch, so the plan cache re-plans per call; that
 /// cost (~0.15 ms, measured) is spread over the batch.
 macro_rules! take_sql {
-    (claim = false) => {
-        concat!(take_sql!(@taken), "
+    (one, claim = false) => {
+        concat!(take_sql!(@one), " SELECT workflow, visible_at, NULL::bigint FROM taken")
+    };
+    (one, claim = true) => {
+        concat!(take_sql!(@one), ", claimed AS (", take_sql!(@claim), ")
+          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed) FROM taken t")
+    };
+    (many, claim = false) => {
+        concat!(take_sql!(@many), "
           SELECT t.workflow, t.visible_at, NULL::bigint
             FROM taken t JOIN due d ON d.workflow = t.workflow
            ORDER BY d.visible_at")
     };
-    (claim = true) => {
-        concat!(take_sql!(@taken), ",
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, pg_catalog.now() + $2, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token + 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until <= pg_catalog.now()
-              RETURNING held.workflow, held.token)
+    (many, claim = true) => {
+        concat!(take_sql!(@many), ", claimed AS (", take_sql!(@claim), ")
           SELECT t.workflow, t.visible_at, c.token
             FROM taken t JOIN due d ON d.workflow = t.workflow
             LEFT JOIN claimed c ON c.workflow = t.workflow
            ORDER BY d.visible_at")
     };
-    (@taken) => {
+    (@lease) => {
+        "UPDATE sturdy.queue AS q
+            SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1"
+    };
+    (@one) => {
+        concat!("WITH taken AS (", take_sql!(@lease), "
+             WHERE q.ctid = (SELECT ctid FROM sturdy.queue
+                              WHERE queue = $1 AND visible_at <= pg_catalog.now()
+                              ORDER BY visible_at
+                              LIMIT 1
+                              FOR UPDATE SKIP LOCKED)
+            RETURNING q.workflow, q.visible_at)")
+    };
+    (@many) => {
         concat!("WITH due AS MATERIALIZED (
               SELECT ctid, workflow, visible_at FROM sturdy.queue
                WHERE queue = $1 AND visible_at <= pg_catalog.now()
                ORDER BY visible_at
                LIMIT $3
                FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1
-               WHERE q.ctid = ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.visible_at)")
+          taken AS (", take_sql!(@lease), "
+             WHERE q.ctid = ANY (ARRAY(SELECT ctid FROM due))
+            RETURNING q.workflow, q.visible_at)")
     };
-}
-
-/// The one-row pick-and-lease, shared by both one-row statements.
-macro_rules! take_one_sql {
-    ($tail:literal) => {
-        concat!("WITH taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1
-               WHERE q.ctid = (SELECT ctid FROM sturdy.queue
-                                WHERE queue = $1 AND visible_at <= pg_catalog.now()
-                                ORDER BY visible_at
-                                LIMIT 1
-                                FOR UPDATE SKIP LOCKED)
-              RETURNING q.workflow, q.visible_at)", $tail)
+    (@claim) => {
+        crate::claim::claim_upsert_sql!("SELECT workflow, 1, pg_catalog.now() + $2, NULL, pg_catalog.now() FROM taken")
     };
 }
 
 const TAKE_ARGS: &[pg_sys::Oid] = &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID];
 static TAKE_ONE: Statement = Statement {
-    sql: take_one_sql!(
-        "
-          SELECT workflow, visible_at, NULL::bigint FROM taken"
-    ),
+    sql: take_sql!(one, claim = false),
     args: TAKE_ARGS,
     writes: true,
 };
 static TAKE_ONE_CLAIM: Statement = Statement {
-    sql: take_one_sql!(
-        ",
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, pg_catalog.now() + $2, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token + 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until <= pg_catalog.now()
-              RETURNING held.token)
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed) FROM taken t"
-    ),
+    sql: take_sql!(one, claim = true),
     args: TAKE_ARGS,
     writes: true,
 };
 static TAKE_MANY: Statement = Statement {
-    sql: take_sql!(claim = false),
+    sql: take_sql!(many, claim = false),
     args: TAKE_ARGS,
     writes: true,
 };
 static TAKE_MANY_CLAIM: Statement = Statement {
-    sql: take_sql!(claim = true),
+    sql: take_sql!(many, claim = true),
     args: TAKE_ARGS,
     writes: true,
 };
