@@ -8,6 +8,7 @@ commit); the NOTIFY wakes the worker, which finishes the workflow with done.
 
   scripts/demo_worker.py "host=... port=... user=... dbname=..."
 """
+import json
 import sys
 import threading
 import time
@@ -82,7 +83,7 @@ def main():
     t.join()
     with psycopg.connect(DSN, autocommit=True) as c:
         for step, value in c.execute("SELECT step, value FROM sturdy.load('order-7')"):
-            say("history", f"{step:14} {value}")
+            say("history", f"{step:14} {json.dumps(value)}")
         (left,) = c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (QUEUE,)).fetchone()
         say("app", f"rows left in queue '{QUEUE}': {left}")
     sys.exit(0 if finished.is_set() else 1)
