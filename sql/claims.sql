@@ -7,12 +7,15 @@
 -- against a caller's search_path, without the per-call GUC save and restore
 -- the clause costs.
 
+-- Nullable columns last, and no CHECK constraint: the executor compiles a
+-- table's CHECKs on every statement that writes it, and tokens are only ever
+-- written by the claim upsert (1, then the previous plus one).
 CREATE TABLE sturdy.claims (
     workflow   text        PRIMARY KEY,
-    token      bigint      NOT NULL CHECK (token > 0),
+    token      bigint      NOT NULL,
     held_until timestamptz NOT NULL,
-    owner      text,
-    claimed_at timestamptz NOT NULL
+    claimed_at timestamptz NOT NULL,
+    owner      text
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.claims', '');
 
