@@ -10,6 +10,11 @@ cd "$(dirname "$0")/.."
 
 if [ -z "${PGSTURDY_DSN:-}" ]; then
     dir=$PWD/target/demo port=${DEMO_PORT:-55434}
+    # as root the server runs as postgres, who must be able to reach target/
+    if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -x "$PWD"; then
+        dir=/tmp/pg_sturdy_demo
+        echo "demo: the postgres user cannot reach $PWD; using $dir for the cluster"
+    fi
     scripts/cluster.sh start "$dir" "$port" >/dev/null
     trap 'scripts/cluster.sh stop "$dir" >/dev/null' EXIT
     PGSTURDY_DSN="host=$dir port=$port user=postgres dbname=postgres"

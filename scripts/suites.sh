@@ -16,15 +16,18 @@ isolation=(claim-race record-takeover transact-supply take-skip-locked wakeup-du
 scripts/cluster.sh start "$dir/cluster" "$port"
 trap 'scripts/cluster.sh stop "$dir/cluster" >/dev/null || true' EXIT
 rm -rf "$out"; mkdir -p "$out/regress" "$out/isolation"
-[ "$(id -u)" = 0 ] && chown -R postgres: "$out"
+# The test tools run as the postgres OS user, who may not be able to read a
+# checkout under root's home: give them a copy of the inputs.
+rm -rf "$dir/inputs"; cp -r pg_test "$dir/inputs"
+[ "$(id -u)" = 0 ] && chown -R postgres: "$out" "$dir/inputs"
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 common=(--host="$dir/cluster" --port="$port" --user=postgres --load-extension=pg_sturdy)
 
 status=0
 as_pg "$pgxs/regress/pg_regress" "${common[@]}" --dbname=sturdy_regress \
-    --inputdir=pg_test/regress --outputdir="$out/regress" "${regress[@]}" | tee "$out/regress.log" || status=1
+    --inputdir="$dir/inputs/regress" --outputdir="$out/regress" "${regress[@]}" | tee "$out/regress.log" || status=1
 as_pg "$pgxs/isolation/pg_isolation_regress" "${common[@]}" --dbname=sturdy_isolation \
-    --inputdir=pg_test/isolation --outputdir="$out/isolation" "${isolation[@]}" | tee "$out/isolation.log" || status=1
+    --inputdir="$dir/inputs/isolation" --outputdir="$out/isolation" "${isolation[@]}" | tee "$out/isolation.log" || status=1
 # Several real connections at once, from outside: draining, fan-out, NOTIFY.
 as_pg psql -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE DATABASE sturdy_concurrency" postgres
 as_pg psql -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
