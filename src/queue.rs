@@ -457,6 +457,34 @@ mod tests {
     }
 
     #[pg_test]
+    fn take_one_with_claim_claims_it_or_says_it_is_held() {
+        Spi::run(
+            "SELECT sturdy.schedule('o1', now() - interval '2 seconds');
+             SELECT sturdy.schedule('o2', now() - interval '1 second');
+             SELECT sturdy.claim('o2', '1 hour', 'someone');",
+        )
+        .unwrap();
+        let first = one::<String>(
+            "SELECT workflow || ':' || coalesce(token::text, 'held') FROM sturdy.take(claim => true)",
+        );
+        assert_eq!(first.as_deref(), Some("o1:1"));
+        let second = one::<String>(
+            "SELECT workflow || ':' || coalesce(token::text, 'held') FROM sturdy.take(claim => true)",
+        );
+        assert_eq!(
+            second.as_deref(),
+            Some("o2:held"),
+            "still taken (leased), but not claimed"
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take(claim => true)"),
+            Some(0)
+        );
+        let leased = one::<i64>("SELECT count(*) FROM sturdy.queue WHERE taken_at IS NOT NULL");
+        assert_eq!(leased, Some(2));
+    }
+
+    #[pg_test]
     fn arrive_supplies_and_schedules_together() {
         let v =
             one::<String>("SELECT sturdy.arrive('a1', 'approval', '\"yes\"', 'approvals')::text");
