@@ -17,6 +17,29 @@ INSERT INTO seed.workflow_claim SELECT workflow, token, held_until FROM sturdy.c
 INSERT INTO seed.workflow_checkpoint SELECT workflow, step, value FROM sturdy.checkpoints;
 VACUUM ANALYZE sturdy.claims, sturdy.checkpoints, seed.workflow_claim, seed.workflow_checkpoint;
 
+-- The same two statements inside PL/pgSQL functions (bench/plpgsql_pass.sql),
+-- in their cheapest form: no SET search_path clause.
+CREATE FUNCTION seed.claim(w text, lease interval) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE t bigint;
+BEGIN
+    INSERT INTO seed.workflow_claim AS held (workflow, token, held_until)
+    VALUES (w, 1, now() + lease)
+    ON CONFLICT (workflow) DO UPDATE
+        SET token = held.token + 1, held_until = now() + lease
+        WHERE held.held_until <= now()
+    RETURNING token INTO t;
+    RETURN t;
+END $$;
+CREATE FUNCTION seed.record(w text, s text, v jsonb, tok bigint, OUT recorded jsonb, OUT first boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH fence AS (SELECT token FROM seed.workflow_claim WHERE workflow = w FOR UPDATE)
+    INSERT INTO seed.workflow_checkpoint AS r (workflow, step, value)
+    SELECT w, s, v FROM fence WHERE fence.token <= tok
+    ON CONFLICT (workflow, step) DO UPDATE SET value = r.value
+    RETURNING r.value, r.value = v INTO recorded, first;
+END $$;
+
 -- The queue: tables of the seed's shape, a trivial-write table, and history
 -- (100,000 rows sleeping far in the future in another queue of each).
 CREATE TABLE seed.workflow_queue (namespace text NOT NULL, workflow text NOT NULL, visible_at timestamptz NOT NULL,

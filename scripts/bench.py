@@ -42,8 +42,12 @@ def backlog(n):
 # name, pg_sturdy script, baseline script (None: report pg_sturdy alone),
 # transactions per pg_sturdy script, per baseline script, SQL before each run,
 # and what one script execution is worth in the unit reported.
+# `wrapper`: a third side, the same baseline statements called through a
+# PL/pgSQL function (reported as its own ratio to the baseline): what any
+# function layer costs over sending the statement.
 CASES = [
-    dict(name="claim + record, passes/s", sturdy="bench/sturdy_pass.sql", base="bench/seed_pass.sql"),
+    dict(name="claim + record, passes/s", sturdy="bench/sturdy_pass.sql", base="bench/seed_pass.sql",
+         wrapper="bench/plpgsql_pass.sql"),
     dict(name="take(claim) + record + done vs TAKE + CLAIM + RECORD + FINISH, passes/s",
          sturdy="bench/sturdy_worker_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(50000)),
     dict(name="take and done vs trivial write, transactions/s", sturdy="bench/sturdy_take_done.sql",
@@ -93,6 +97,8 @@ def main():
                     order = [("sturdy", case["sturdy"], case.get("sturdy_per", 1))]
                     if case["base"]:
                         order.append(("base", case["base"], case.get("base_per", 1)))
+                    if case.get("wrapper"):
+                        order.append(("wrapper", case["wrapper"], case.get("base_per", 1)))
                     if rep % 2:
                         order.reverse()
                     for side, script, per in order:
@@ -101,7 +107,7 @@ def main():
                         before = seq_scans()
                         rate = pgbench(script, clients) * per
                         after = seq_scans()
-                        results.setdefault((case["name"], clients), {"sturdy": [], "base": []})[side].append(rate)
+                        results.setdefault((case["name"], clients), {"sturdy": [], "base": [], "wrapper": []})[side].append(rate)
                         for t in HOT:
                             seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
                         print(f"rep {rep + 1} {case['name'][:40]:40} {clients:3} clients {side:6} {rate:10.0f}",
@@ -124,16 +130,21 @@ def report(results, seq):
         "(the machine drifts more between repetitions than between neighbours), then the",
         "median of those ratios, with their min..max.",
         "",
-        "| case | clients | pg_sturdy | baseline | ratio |",
-        "|---|---:|---:|---:|---:|",
+        "| case | clients | pg_sturdy | baseline | ratio | PL/pgSQL wrapper | its ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def ratio(xs, base):
+        rs = [a / b for a, b in zip(xs, base)]
+        return f"{statistics.median(rs):.2f}x ({min(rs):.2f}..{max(rs):.2f})"
+
     for (case, clients), r in results.items():
         if not r["base"]:
-            lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | | |")
+            lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | | | | |")
             continue
-        ratios = [a / b for a, b in zip(r["sturdy"], r["base"])]
+        wrapper = f"{fmt(r['wrapper'])} | {ratio(r['wrapper'], r['base'])}" if r["wrapper"] else " | "
         lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | {fmt(r['base'])} | "
-                     f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}..{max(ratios):.2f}) |")
+                     f"{ratio(r['sturdy'], r['base'])} | {wrapper} |")
     lines += ["", "Sequential scans on hot tables during the runs: "
               + ", ".join(f"{t} {n}" for t, n in seq.items())]
     text = "\n".join(lines)

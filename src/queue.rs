@@ -172,14 +172,14 @@ pub fn schedule_impl(
     )
 }
 
-type Taken = (String, TimestampWithTimeZone, Option<i64>);
-
+/// Lease rows and return them as the result of the `take` call `fcinfo`.
 pub fn take_impl(
+    fcinfo: pg_sys::FunctionCallInfo,
     queue: Option<&str>,
     lease: Option<Interval>,
     max: Option<i32>,
     claim: Option<bool>,
-) -> Result<Vec<Taken>> {
+) -> Result<()> {
     let queue = queue_name(queue)?;
     let lease = error::lease("lease", lease)?;
     let max = error::required("max", max)?;
@@ -196,20 +196,12 @@ pub fn take_impl(
         (_, false) => &TAKE_MANY,
         (_, true) => &TAKE_MANY_CLAIM,
     };
-    run_one(
+    spi::run_as_set(
+        fcinfo,
         stmt,
         &[queue.into(), lease.into(), i64::from(max).into()],
-        |t| {
-            t.map(|row| {
-                let workflow = row.get::<String>(1)?;
-                let receipt = row.get::<TimestampWithTimeZone>(2)?;
-                let token = row.get::<i64>(3)?;
-                Ok(workflow.zip(receipt).map(|(w, r)| (w, r, token)))
-            })
-            .filter_map(|r: Result<_>| r.transpose())
-            .collect()
-        },
-    )
+    )?;
+    Ok(())
 }
 
 pub fn done_impl(
@@ -271,23 +263,17 @@ fn schedule(
     deliver(spi::pinned(|| schedule_impl(workflow, visible_at, queue)));
 }
 
+/// Returns its rows through `fcinfo` (see `spi::run_as_set`); the SQL
+/// declaration says `RETURNS TABLE (workflow text, receipt timestamptz, token bigint)`.
 #[pg_extern(sql = false)]
 fn take(
     queue: Option<&str>,
     lease: Option<Interval>,
     max: Option<i32>,
     claim: Option<bool>,
-) -> TableIterator<
-    'static,
-    (
-        name!(workflow, String),
-        name!(receipt, TimestampWithTimeZone),
-        name!(token, Option<i64>),
-    ),
-> {
-    TableIterator::new(
-        deliver(spi::pinned(|| take_impl(queue, lease, max, claim))).unwrap_or_default(),
-    )
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
+    deliver(spi::pinned(|| take_impl(fcinfo, queue, lease, max, claim)));
 }
 
 #[pg_extern(sql = false)]

@@ -89,6 +89,60 @@ pub fn run_one<R>(
     Spi::connect(|client| read(stmt.run(client, args)?))
 }
 
+/// Run `stmt` and make its rows the result of the set-returning function
+/// called through `fcinfo`, in materialize mode: one call fills one
+/// tuplestore, each row's values moved over as the statement produced them.
+/// pgrx's value-per-call iterator costs a call per row plus one, a tuple
+/// descriptor per call, and a trip of every value through Rust and back
+/// (measured: `take` spent ~20 µs a call over its own statement that way).
+/// The statement's columns must have the types of the function's declared
+/// result columns, in order. Returns the number of rows.
+pub fn run_as_set(
+    fcinfo: pg_sys::FunctionCallInfo,
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+) -> Result<usize, Error> {
+    run_one(stmt, args, |t| {
+        let rows = t.len();
+        // SAFETY: `fcinfo` is the live call of a set-returning function
+        // (InitMaterializedSRF checks that the caller accepts a tuplestore and
+        // raises if not). SPI_tuptable is the result of the statement `t`
+        // wraps, valid until the connection closes after this closure; each of
+        // its `rows` tuples is deformed with its own descriptor and copied into
+        // the tuplestore, which lives in the caller's per-query memory.
+        unsafe {
+            pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+            let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+            let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+            let table = pg_sys::SPI_tuptable;
+            if rows == 0 || table.is_null() {
+                return Ok(0);
+            }
+            let from = (*table).tupdesc;
+            let natts = (*desc).natts as usize;
+            let same_shape = (*from).natts as usize == natts
+                && (0..natts).all(|i| {
+                    let (a, b) = ((*from).attrs.as_slice(natts), (*desc).attrs.as_slice(natts));
+                    a[i].atttypid == b[i].atttypid
+                });
+            if !same_shape {
+                return Err(Error::Internal {
+                    context: "set-returning function",
+                    cause: "the statement's columns do not match the declared result".into(),
+                });
+            }
+            let mut values = vec![pg_sys::Datum::from(0); natts];
+            let mut nulls = vec![false; natts];
+            for i in 0..rows {
+                let tuple = *(*table).vals.add(i);
+                pg_sys::heap_deform_tuple(tuple, from, values.as_mut_ptr(), nulls.as_mut_ptr());
+                pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+            }
+        }
+        Ok(rows)
+    })
+}
+
 /// The first column of the first row, or `None` when there is no row (or it
 /// is NULL). pgrx treats reading an empty result as an error; for us "no row"
 /// is an answer (a held claim, a fenced write).
