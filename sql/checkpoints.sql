@@ -1,8 +1,8 @@
 -- Checkpoints: a workflow's completed steps, first writer wins.
 
 CREATE TABLE sturdy.checkpoints (
-    workflow    text        NOT NULL,
-    step        text        NOT NULL,
+    workflow    text        COLLATE "C" NOT NULL,
+    step        text        COLLATE "C" NOT NULL,
     value       jsonb       NOT NULL,
     token       bigint,
     recorded_at timestamptz NOT NULL,
@@ -18,13 +18,9 @@ COMMENT ON COLUMN sturdy.checkpoints.value IS 'The step''s value. JSON null is a
 COMMENT ON COLUMN sturdy.checkpoints.token IS 'The fencing token of the pass that recorded it; NULL when supplied from outside a pass.';
 COMMENT ON COLUMN sturdy.checkpoints.recorded_at IS 'When it was written (clock_timestamp(), so steps of one transaction keep their order).';
 
--- One row through OUT parameters rather than RETURNS TABLE: the same columns
--- for SELECT * FROM sturdy.record(...), without a set-returning function's
--- second call and tuplestore on every write.
-CREATE FUNCTION sturdy.record(workflow text, step text, value jsonb, token bigint,
-                              OUT recorded jsonb, OUT first boolean)
-    RETURNS record
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+CREATE FUNCTION sturdy.record(workflow text, step text, value jsonb, token bigint)
+    RETURNS TABLE (recorded jsonb, first boolean)
+    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER ROWS 1
     AS 'MODULE_PATHNAME', 'sturdy_record';
 COMMENT ON FUNCTION sturdy.record(text, text, jsonb, bigint) IS
     'Fenced first-writer-wins checkpoint: the value stored after the call and whether this call stored it. Raises SD001 when token is not the current claim.';

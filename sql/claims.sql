@@ -11,8 +11,14 @@
 -- statement that writes it (measured: ~5% of claim + record throughput), and
 -- tokens are only ever written by the claim upsert (1, then the previous
 -- plus one).
+-- Names (workflow, step, queue) are keys, compared byte for byte: COLLATE "C"
+-- on every name column. Index lookups then compare with memcmp instead of the
+-- locale's strcoll (measured: 3-6% of claim and record), and an operating
+-- system upgrade that changes the locale's sort order cannot corrupt these
+-- indexes. Joining a name to a column of another non-default collation needs
+-- an explicit COLLATE.
 CREATE TABLE sturdy.claims (
-    workflow   text        PRIMARY KEY,
+    workflow   text        COLLATE "C" PRIMARY KEY,
     token      bigint      NOT NULL,
     held_until timestamptz NOT NULL,
     owner      text,

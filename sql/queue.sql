@@ -3,8 +3,8 @@
 -- taker (the receipt is that visible_at). In the future without: sleeping.
 
 CREATE TABLE sturdy.queue (
-    queue        text        NOT NULL,
-    workflow     text        NOT NULL,
+    queue        text        COLLATE "C" NOT NULL,
+    workflow     text        COLLATE "C" NOT NULL,
     visible_at   timestamptz NOT NULL,
     taken_at     timestamptz,
     takes        integer     NOT NULL DEFAULT 0,

@@ -20,8 +20,7 @@ use pgrx::prelude::*;
 
 use crate::claim;
 use crate::error::{self, Error, Result, deliver};
-use crate::spi::{self, Jsonb, Row, Statement, first_value, run_one};
-use pgrx::IntoDatum;
+use crate::spi::{self, Jsonb, Statement, first_value, run_one};
 
 /// The fenced first-writer-wins write. No row back means the fence refused
 /// (no claim, or another token). The claim row is read `FOR UPDATE`: a
@@ -104,28 +103,28 @@ static TRANSACT_READ: Statement = Statement {
     writes: true,
 };
 
+/// The fenced write, its row (`recorded`, `first`) returned as the result of
+/// the `record` call `fcinfo`.
 pub fn record_impl(
+    fcinfo: pg_sys::FunctionCallInfo,
     workflow: Option<&str>,
     step: Option<&str>,
     value: Option<Jsonb>,
     token: Option<i64>,
-) -> Result<(Jsonb, bool)> {
+) -> Result<()> {
     let workflow = error::name("workflow", workflow)?;
     let step = error::name("step", step)?;
     let value = error::required("value", value)?;
     let token = error::required("token", token)?;
-    let stored = run_one(
+    let rows = spi::run_as_set(
+        fcinfo,
         &RECORD,
         &[workflow.into(), step.into(), value.into(), token.into()],
-        |t| {
-            if t.is_empty() {
-                return Ok(None);
-            }
-            let (v, first) = t.first().get_two::<Jsonb, bool>()?;
-            Ok(v.zip(first))
-        },
     )?;
-    stored.ok_or_else(|| claim::fenced(workflow, token))
+    if rows == 0 {
+        return Err(claim::fenced(workflow, token));
+    }
+    Ok(())
 }
 
 pub fn supply_impl(
@@ -212,22 +211,19 @@ pub fn transact_impl(
     })
 }
 
-/// `record`'s OUT parameters.
-static RECORDED: [(&std::ffi::CStr, pg_sys::Oid); 2] =
-    [(c"recorded", pg_sys::JSONBOID), (c"first", pg_sys::BOOLOID)];
-
+/// Returns its row through `fcinfo` (see `spi::run_as_set`); the SQL
+/// declaration says `RETURNS TABLE (recorded jsonb, first boolean)`.
 #[pg_extern(sql = false)]
 fn record(
     workflow: Option<&str>,
     step: Option<&str>,
     value: Option<Jsonb>,
     token: Option<i64>,
-) -> Option<Row> {
-    let (value, first) = deliver(spi::pinned(|| record_impl(workflow, step, value, token)))?;
-    Some(Row::new(
-        &RECORDED,
-        &[value.into_datum(), first.into_datum()],
-    ))
+    fcinfo: pg_sys::FunctionCallInfo,
+) {
+    deliver(spi::pinned(|| {
+        record_impl(fcinfo, workflow, step, value, token)
+    }));
 }
 
 #[pg_extern(sql = false)]
@@ -287,6 +283,42 @@ mod tests {
         );
         assert_eq!(same.as_deref(), Some("{\"a\": 1} f"));
         assert_eq!(count("sturdy.checkpoints"), 1);
+    }
+
+    /// record and load hand their rows over in materialize mode: one row (or
+    /// the set) wherever a set-returning function may stand.
+    #[pg_test]
+    fn record_and_load_return_rows_in_from_and_in_the_select_list() {
+        Spi::run("SELECT sturdy.claim('r5')").unwrap();
+        assert_eq!(
+            text("SELECT sturdy.record('r5', 'a', '1', 1)::text").as_deref(),
+            Some("(1,t)")
+        );
+        assert_eq!(
+            text("SELECT (sturdy.record('r5', 'a', '2', 1)).recorded::text").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            text(
+                "SELECT string_agg(r.recorded::text || r.first, ',')
+                   FROM (VALUES ('b'), ('c')) s(step),
+                        LATERAL sturdy.record('r5', s.step, to_jsonb(s.step), 1) r"
+            )
+            .as_deref(),
+            Some("\"b\"true,\"c\"true")
+        );
+        assert_eq!(
+            text("SELECT string_agg(step, ',' ORDER BY step) FROM sturdy.load('r5')").as_deref(),
+            Some("a,b,c")
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM (SELECT sturdy.load('r5')) l").unwrap(),
+            Some(3)
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM sturdy.load('none')").unwrap(),
+            Some(0)
+        );
     }
 
     #[pg_test]

@@ -297,4 +297,26 @@ mod tests {
         assert_eq!(token, Some(1));
         assert_eq!(count("sturdy.claims"), 1);
     }
+
+    /// Every name column compares byte for byte (sql/claims.sql says why),
+    /// and still joins an application's ordinary text column without help.
+    #[pg_test]
+    fn name_columns_are_collate_c_and_join_plain_text() {
+        let not_c = Spi::get_one::<i64>(
+            "SELECT count(*) FROM pg_attribute
+              WHERE attrelid IN ('sturdy.claims'::regclass, 'sturdy.checkpoints'::regclass,
+                                 'sturdy.queue'::regclass)
+                AND attname IN ('workflow', 'step', 'queue')
+                AND attcollation <> 'pg_catalog.\"C\"'::regcollation",
+        )
+        .unwrap();
+        assert_eq!(not_c, Some(0));
+        Spi::run("SELECT sturdy.claim('Order-1'), sturdy.claim('order-1')").unwrap();
+        let joined = Spi::get_one::<i64>(
+            "SELECT count(*) FROM (VALUES ('order-1'::text)) app(id)
+               JOIN sturdy.claims c ON c.workflow = app.id",
+        )
+        .unwrap();
+        assert_eq!(joined, Some(1));
+    }
 }

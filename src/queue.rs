@@ -347,6 +347,25 @@ mod tests {
         assert_eq!(receipt_is_lease_end, Some(true));
     }
 
+    /// take hands its rows over in materialize mode: the same rows in the
+    /// select list as in FROM, and none is lost or repeated.
+    #[pg_test]
+    fn take_returns_rows_in_the_select_list_too() {
+        Spi::run(
+            "SELECT sturdy.schedule('s' || i, now() - i * interval '1 second') FROM generate_series(1, 5) i",
+        )
+        .unwrap();
+        let taken = one::<String>(
+            "SELECT string_agg((t).workflow, ',') FROM (SELECT sturdy.take(max => 3, claim => true) t) x",
+        );
+        assert_eq!(taken.as_deref(), Some("s5,s4,s3"));
+        let tokens = one::<i64>(
+            "SELECT sum(t)::bigint FROM (SELECT (sturdy.take(max => 5, claim => true)).token t) x",
+        );
+        assert_eq!(tokens, Some(2), "s2 and s1, each claimed with token 1");
+        assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.claims"), Some(5));
+    }
+
     #[pg_test]
     fn queues_are_separate() {
         Spi::run("SELECT sturdy.schedule('a', now(), 'emails'); SELECT sturdy.schedule('a', now(), 'reports');").unwrap();

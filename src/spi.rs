@@ -8,7 +8,7 @@
 //! - [`subtransaction`]: an internal subtransaction, as a PL/pgSQL `EXCEPTION`
 //!   block makes one, for the work that must be undone on its own.
 //! - [`call_jsonb_function`]: call a `jsonb -> jsonb` function by OID.
-//! - [`Row`]: one composite row, for functions declared with OUT parameters.
+//! - [`run_as_set`]: a statement's rows as a set-returning function's result.
 //! - [`pinned`]: run with a search path of `pg_catalog` alone.
 //! - [`raise`]: raise an [`Error`] with its own SQLSTATE, outside pgrx's frames.
 
@@ -230,82 +230,6 @@ impl IntoDatum for Jsonb {
     }
     fn type_oid() -> pg_sys::Oid {
         pg_sys::JSONBOID
-    }
-}
-
-// ---------------------------------------------------------------------------
-// One composite row
-
-/// A row value for a function declared `OUT a .., OUT b ..` (one row, not a
-/// set: a set-returning function costs a second call and a tuplestore per row).
-#[derive(Clone, Copy, Debug)]
-pub struct Row(pg_sys::Datum);
-
-/// The column names and types of a [`Row`], declared as a `static`.
-pub type RowType = [(&'static std::ffi::CStr, pg_sys::Oid)];
-
-thread_local! {
-    // Blessed tuple descriptors, built once per backend (they live in
-    // TopMemoryContext and the typcache, as long as the backend).
-    static ROW_TYPES: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
-}
-
-impl Row {
-    /// Form a row of `columns` from `values` (`None` is NULL).
-    pub fn new(columns: &'static RowType, values: &[Option<pg_sys::Datum>]) -> Row {
-        assert_eq!(
-            columns.len(),
-            values.len(),
-            "a row needs one value per column"
-        );
-        let key = columns.as_ptr() as usize;
-        let desc = ROW_TYPES
-            .with(|t| t.borrow().get(&key).copied())
-            .unwrap_or_else(|| {
-                // SAFETY: a template descriptor filled column by column, blessed so
-                // the executor can look the anonymous record type up by typmod.
-                let desc = unsafe {
-                    let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
-                    let desc = pg_sys::CreateTemplateTupleDesc(columns.len() as c_int);
-                    for (i, (name, oid)) in columns.iter().enumerate() {
-                        pg_sys::TupleDescInitEntry(
-                            desc,
-                            (i + 1) as pg_sys::AttrNumber,
-                            name.as_ptr(),
-                            *oid,
-                            -1,
-                            0,
-                        );
-                    }
-                    let desc = pg_sys::BlessTupleDesc(desc);
-                    pg_sys::MemoryContextSwitchTo(old);
-                    desc
-                } as usize;
-                ROW_TYPES.with(|t| t.borrow_mut().insert(key, desc));
-                desc
-            }) as pg_sys::TupleDesc;
-        let mut datums: Vec<pg_sys::Datum> = values
-            .iter()
-            .map(|v| v.unwrap_or(pg_sys::Datum::from(0)))
-            .collect();
-        let mut nulls: Vec<bool> = values.iter().map(Option::is_none).collect();
-        // SAFETY: `desc` has exactly `values.len()` attributes of the given types.
-        unsafe {
-            let tuple = pg_sys::heap_form_tuple(desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
-            Row(pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data))
-        }
-    }
-}
-
-pgrx::impl_sql_translatable!(Row, "record");
-
-// SAFETY: a `Row` is one non-null composite datum, returned as is.
-unsafe impl pgrx::callconv::BoxRet for Row {
-    unsafe fn box_into<'fcx>(
-        self,
-        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
-    ) -> pgrx::datum::Datum<'fcx> {
-        unsafe { fcinfo.return_raw_datum(self.0) }
     }
 }
 
