@@ -11,6 +11,7 @@
 -- statement that writes it (measured: ~5% of claim + record throughput), and
 -- tokens are only ever written by the claim upsert (1, then the previous
 -- plus one).
+--
 -- Names (workflow, step, queue) are keys, compared byte for byte: COLLATE "C"
 -- on every name column. Index lookups then compare with memcmp instead of the
 -- locale's strcoll (measured: 3-6% of claim and record), and an operating

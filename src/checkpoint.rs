@@ -4,10 +4,10 @@
 //! fenced write of a pass holding a claim: one statement that reads the claim
 //! row `FOR UPDATE`, so it queues behind any claim in flight and compares
 //! tokens on the row as that claim left it; a superseded pass's write never
-//! lands. `supply` is the unfenced write for a
-//! value from outside any pass (an approval, a webhook): it must not fail
-//! because a worker happens to be mid-pass. Both answer with the value stored
-//! after the call, so a writer that lost the race carries on with the winner's.
+//! lands. `supply` is the unfenced write for a value from outside any pass (an
+//! approval, a webhook): it must not fail because a worker happens to be
+//! mid-pass. Both answer with the value stored after the call, so a writer
+//! that lost the race carries on with the winner's.
 //!
 //! `transact` makes an in-database effect exactly-once: fence, return the
 //! recorded value if the step is done, else run the effect and record its

@@ -115,16 +115,18 @@ pub fn run_as_set(
             let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
             let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
             let table = pg_sys::SPI_tuptable;
-            if rows == 0 || table.is_null() {
+            if table.is_null() {
                 return Ok(0);
             }
             let from = (*table).tupdesc;
             let natts = (*desc).natts as usize;
             let same_shape = (*from).natts as usize == natts
-                && (0..natts).all(|i| {
-                    let (a, b) = ((*from).attrs.as_slice(natts), (*desc).attrs.as_slice(natts));
-                    a[i].atttypid == b[i].atttypid
-                });
+                && (*from)
+                    .attrs
+                    .as_slice(natts)
+                    .iter()
+                    .zip((*desc).attrs.as_slice(natts))
+                    .all(|(a, b)| a.atttypid == b.atttypid);
             if !same_shape {
                 return Err(Error::Internal {
                     context: "set-returning function",
