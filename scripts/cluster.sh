@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A scratch PostgreSQL 15 cluster of our own, for the demo, the out-of-process
+# A scratch PostgreSQL cluster of our own ($PG_CONFIG's install, default 15), for the demo, the out-of-process
 # test suites and the benchmark. Postgres refuses to run as root, so as root
 # everything runs as the `postgres` OS user.
 #
@@ -9,7 +9,7 @@
 # The socket lives in DIR; connect with: psql -h DIR -p PORT -U postgres
 set -euo pipefail
 
-bindir=$(/usr/bin/pg_config --bindir)
+bindir=$("${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --bindir)
 cmd=${1:?start|stop}; dir=${2:?data directory}
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 

@@ -7,6 +7,8 @@
 # (the extension must be installed there: `make install`, then it creates it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+psql=$("$PG_CONFIG" --bindir)/psql
 
 if [ -z "${PGSTURDY_DSN:-}" ]; then
     dir=$PWD/target/demo port=${DEMO_PORT:-55434}
@@ -15,6 +17,7 @@ if [ -z "${PGSTURDY_DSN:-}" ]; then
         dir=/tmp/pg_sturdy_demo
         echo "demo: the postgres user cannot reach $PWD; using $dir for the cluster"
     fi
+    echo "demo: a scratch cluster of $("$PG_CONFIG" --version)"
     scripts/cluster.sh start "$dir" "$port" >/dev/null
     trap 'scripts/cluster.sh stop "$dir" >/dev/null' EXIT
     PGSTURDY_DSN="host=$dir port=$port user=postgres dbname=postgres"
@@ -25,7 +28,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 q() {
     local who=$1 sql=$2
     printf '\033[36m%s>\033[0m %s\n' "$who" "$sql"
-    psql "$PGSTURDY_DSN" -X -q -P pager=off -P null='(null)' 2>&1 <<SQL | sed 's/^/    /'
+    "$psql" "$PGSTURDY_DSN" -X -q -P pager=off -P null='(null)' 2>&1 <<SQL | sed 's/^/    /'
 $sql;
 \\if :ERROR
 \\echo '(SQLSTATE' :LAST_ERROR_SQLSTATE')'

@@ -8,11 +8,14 @@ cd "$(dirname "$0")/.."
 
 dir=${SUITES_DIR:-/tmp/pg_sturdy_suites}
 port=${SUITES_PORT:-55433}
-pgxs=$(/usr/bin/pg_config --pkglibdir)/pgxs/src/test
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+bindir=$("$PG_CONFIG" --bindir)
+pgxs=$("$PG_CONFIG" --pkglibdir)/pgxs/src/test
 out=$dir/out
-regress=(claims checkpoints security)
+regress=(claims checkpoints security hostile_setup hostile_claims hostile_checkpoints hostile_queue catalog encoding)
 isolation=(claim-race record-takeover transact-supply take-skip-locked wakeup-during-pass arrive-notify)
 
+echo "suites: $("$PG_CONFIG" --version)"
 scripts/cluster.sh start "$dir/cluster" "$port"
 trap 'scripts/cluster.sh stop "$dir/cluster" >/dev/null || true' EXIT
 rm -rf "$out"; mkdir -p "$out/regress" "$out/isolation"
@@ -21,7 +24,7 @@ rm -rf "$out"; mkdir -p "$out/regress" "$out/isolation"
 rm -rf "$dir/inputs"; cp -r pg_test "$dir/inputs"
 [ "$(id -u)" = 0 ] && chown -R postgres: "$out" "$dir/inputs"
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-common=(--host="$dir/cluster" --port="$port" --user=postgres --load-extension=pg_sturdy)
+common=(--bindir="$bindir" --host="$dir/cluster" --port="$port" --user=postgres --load-extension=pg_sturdy)
 
 status=0
 as_pg "$pgxs/regress/pg_regress" "${common[@]}" --dbname=sturdy_regress \
@@ -29,8 +32,8 @@ as_pg "$pgxs/regress/pg_regress" "${common[@]}" --dbname=sturdy_regress \
 as_pg "$pgxs/isolation/pg_isolation_regress" "${common[@]}" --dbname=sturdy_isolation \
     --inputdir="$dir/inputs/isolation" --outputdir="$out/isolation" "${isolation[@]}" | tee "$out/isolation.log" || status=1
 # Several real connections at once, from outside: draining, fan-out, NOTIFY.
-as_pg psql -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE DATABASE sturdy_concurrency" postgres
-as_pg psql -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
+as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE DATABASE sturdy_concurrency" postgres
+as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
 python3 pg_test/concurrency.py "host=$dir/cluster port=$port user=postgres dbname=sturdy_concurrency" \
     | tee "$out/concurrency.log" || status=1
 total=$(( ${#regress[@]} + ${#isolation[@]} + $(grep -cE '^(ok|FAIL) ' "$out/concurrency.log") ))

@@ -1,11 +1,8 @@
 -- Claims: who may write a workflow's checkpoints, under which fencing token,
 -- until when. One row per workflow, kept after release so tokens only go up.
 --
--- The C functions below carry no SET search_path clause, yet run under a
--- pinned search path: each pushes PostgreSQL's override search path
--- (pg_catalog alone) around its work (src/spi.rs, `pinned`). Same protection
--- against a caller's search_path, without the per-call GUC save and restore
--- the clause costs.
+-- Tables and their comments live here; each SQL function is declared once,
+-- next to its Rust body (`#[sql_function]` in src/claim.rs and its siblings).
 
 -- No CHECK constraint: the executor compiles a table's CHECKs on every
 -- statement that writes it (measured: ~5% of claim + record throughput), and
@@ -35,30 +32,3 @@ COMMENT ON COLUMN sturdy.claims.held_until IS 'When the lease lapses (server clo
 COMMENT ON COLUMN sturdy.claims.owner IS 'Free-form label of the current holder, as given to claim (for operators, never checked).';
 COMMENT ON COLUMN sturdy.claims.claimed_at IS 'When the current token was issued.';
 
-CREATE FUNCTION sturdy.claim(workflow text, lease interval DEFAULT '1 minute', owner text DEFAULT NULL)
-    RETURNS bigint
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    AS 'MODULE_PATHNAME', 'sturdy_claim';
-COMMENT ON FUNCTION sturdy.claim(text, interval, text) IS
-    'Take the workflow if nobody holds it (never claimed, released, or lease lapsed). Returns the new fencing token, higher than every earlier one, or NULL when someone else holds it.';
-
-CREATE FUNCTION sturdy.renew(workflow text, token bigint, lease interval)
-    RETURNS timestamptz
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    AS 'MODULE_PATHNAME', 'sturdy_renew';
-COMMENT ON FUNCTION sturdy.renew(text, bigint, interval) IS
-    'Extend a live claim to now() + lease. Returns the new expiry, or NULL when the token is no longer current or its lease already lapsed.';
-
-CREATE FUNCTION sturdy.release(workflow text, token bigint)
-    RETURNS boolean
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    AS 'MODULE_PATHNAME', 'sturdy_release';
-COMMENT ON FUNCTION sturdy.release(text, bigint) IS
-    'Hand a live claim back early, keeping its token so the next claim gets the next number. True when this call let go of a live claim.';
-
-CREATE FUNCTION sturdy.fence(workflow text, token bigint)
-    RETURNS void
-    LANGUAGE c VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-    AS 'MODULE_PATHNAME', 'sturdy_fence';
-COMMENT ON FUNCTION sturdy.fence(text, bigint) IS
-    'Lock the claim row (FOR UPDATE) and raise SD001 unless token is the current one: the first statement of a hand-written exactly-once transaction.';

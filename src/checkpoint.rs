@@ -13,14 +13,20 @@
 //! recorded value if the step is done, else run the effect and record its
 //! result in the caller's transaction. `supply` is the one writer a fence does
 //! not exclude; if it lands the step while the effect runs, the effect is
-//! rolled back through a subtransaction and the supplied value returned.
+//! rolled back through a subtransaction and the supplied value returned. The
+//! effect is caller code: it runs with the caller's rights (only if the caller
+//! may execute it) and the caller's `search_path`, and whatever it raises
+//! reaches the caller with its own SQLSTATE.
 
+use pg_sturdy_macros::sql_function;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
+use crate::args::{self, Name};
 use crate::claim;
-use crate::error::{self, Error, Result, deliver};
-use crate::spi::{self, Jsonb, Statement, first_value, run_one};
+use crate::datum::{Jsonb, Text};
+use crate::error::{Error, Result};
+use crate::plan::{self, Statement, first_value, run_one};
+use crate::subxact;
 
 /// The fenced first-writer-wins write. No row back means the fence refused
 /// (no claim, or another token). The claim row is read `FOR UPDATE`: a
@@ -34,10 +40,11 @@ use crate::spi::{self, Jsonb, Statement, first_value, run_one};
 static RECORD: Statement = Statement {
     sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
           SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
-            FROM sturdy.claims c WHERE c.workflow = $1 AND c.token = $4
+            FROM sturdy.claims c
+           WHERE c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
              FOR UPDATE OF c
           ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
-          RETURNING cp.value, cp.xmax = 0",
+          RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::TEXTOID,
@@ -58,13 +65,10 @@ static SUPPLY: Statement = Statement {
 
 static LOAD: Statement = Statement {
     sql: "SELECT step, value, recorded_at FROM sturdy.checkpoints
-           WHERE workflow = $1 ORDER BY recorded_at, step",
+           WHERE workflow OPERATOR(pg_catalog.=) $1 ORDER BY recorded_at, step",
     args: &[pg_sys::TEXTOID],
     writes: false,
 };
-
-// `transact` runs under the caller's search_path (its effect is caller code),
-// so its statements qualify operators as well as names.
 
 /// Fence and existence check in one statement: lock the claim row, and read
 /// the step's value if it is already recorded.
@@ -103,38 +107,9 @@ static TRANSACT_READ: Statement = Statement {
     writes: true,
 };
 
-/// The fenced write, its row (`recorded`, `first`) returned as the result of
-/// the `record` call `fcinfo`.
-pub fn record_impl(
-    fcinfo: pg_sys::FunctionCallInfo,
-    workflow: Option<&str>,
-    step: Option<&str>,
-    value: Option<Jsonb>,
-    token: Option<i64>,
-) -> Result<()> {
-    let workflow = error::name("workflow", workflow)?;
-    let step = error::name("step", step)?;
-    let value = error::required("value", value)?;
-    let token = error::required("token", token)?;
-    let rows = spi::run_as_set(
-        fcinfo,
-        &RECORD,
-        &[workflow.into(), step.into(), value.into(), token.into()],
-    )?;
-    if rows == 0 {
-        return Err(claim::fenced(workflow, token));
-    }
-    Ok(())
-}
-
-pub fn supply_impl(
-    workflow: Option<&str>,
-    step: Option<&str>,
-    value: Option<Jsonb>,
-) -> Result<Jsonb> {
-    let workflow = error::name("workflow", workflow)?;
-    let step = error::name("step", step)?;
-    let value = error::required("value", value)?;
+/// The unfenced first-writer-wins write, for validated arguments: the value
+/// stored after the call. `supply` and the queue's `arrive` both end here.
+pub fn supply_value(workflow: Name, step: Name, value: Jsonb) -> Result<Jsonb> {
     run_one(
         &SUPPLY,
         &[workflow.into(), step.into(), value.into()],
@@ -146,48 +121,91 @@ pub fn supply_impl(
     })
 }
 
-/// A workflow's checkpoints, as the result of the `load` call `fcinfo`.
-pub fn load_impl(fcinfo: pg_sys::FunctionCallInfo, workflow: Option<&str>) -> Result<()> {
-    let workflow = error::name("workflow", workflow)?;
-    spi::run_as_set(fcinfo, &LOAD, &[workflow.into()])?;
+/// Returns its row through `fcinfo` (see `plan::run_as_set`).
+#[sql_function(
+    "sturdy.record(workflow text, step text, value jsonb, token bigint)
+     RETURNS TABLE (recorded jsonb, first boolean) VOLATILE PARALLEL UNSAFE ROWS 1",
+    comment = "Fenced first-writer-wins checkpoint: the value stored after the call and whether this call stored it. Raises SD001 when token is not the current claim."
+)]
+fn record(
+    fcinfo: pg_sys::FunctionCallInfo,
+    workflow: Option<Text>,
+    step: Option<Text>,
+    value: Option<Jsonb>,
+    token: Option<i64>,
+) -> Result<()> {
+    let workflow = args::name("workflow", workflow)?;
+    let step = args::name("step", step)?;
+    let value = args::required("value", value)?;
+    let token = args::required("token", token)?;
+    let rows = plan::run_as_set(
+        fcinfo,
+        &RECORD,
+        &[workflow.into(), step.into(), value.into(), token.into()],
+    )?;
+    if rows == 0 {
+        return Err(claim::fenced(workflow, token));
+    }
     Ok(())
 }
 
-pub fn transact_impl(
-    workflow: Option<&str>,
+#[sql_function(
+    "sturdy.supply(workflow text, step text, value jsonb) RETURNS jsonb VOLATILE PARALLEL UNSAFE",
+    comment = "Unfenced first-writer-wins checkpoint for a value from outside any pass (an approval, a webhook). Returns the value stored after the call."
+)]
+fn supply(workflow: Option<Text>, step: Option<Text>, value: Option<Jsonb>) -> Result<Jsonb> {
+    let workflow = args::name("workflow", workflow)?;
+    let step = args::name("step", step)?;
+    let value = args::required("value", value)?;
+    supply_value(workflow, step, value)
+}
+
+/// Returns its rows through `fcinfo` (see `plan::run_as_set`).
+#[sql_function(
+    "sturdy.load(workflow text) RETURNS TABLE (step text, value jsonb, recorded_at timestamptz)
+     STABLE PARALLEL UNSAFE",
+    comment = "A workflow's recorded steps, oldest first."
+)]
+fn load(fcinfo: pg_sys::FunctionCallInfo, workflow: Option<Text>) -> Result<()> {
+    let workflow = args::name("workflow", workflow)?;
+    plan::run_as_set(fcinfo, &LOAD, &[workflow.into()])?;
+    Ok(())
+}
+
+#[sql_function(
+    "sturdy.transact(workflow text, token bigint, step text, effect regprocedure, arg jsonb DEFAULT NULL)
+     RETURNS jsonb VOLATILE PARALLEL UNSAFE",
+    comment = "Exactly-once in-database effect: fence, return the step if recorded, else call effect(arg) (jsonb -> jsonb, with the caller's rights and search_path) and record its result in this transaction. If supply lands the step meanwhile, the effect is rolled back and the supplied value returned."
+)]
+fn transact(
+    workflow: Option<Text>,
     token: Option<i64>,
-    step: Option<&str>,
+    step: Option<Text>,
     effect: Option<pg_sys::Oid>,
     arg: Option<Jsonb>,
 ) -> Result<Jsonb> {
-    let workflow = error::name("workflow", workflow)?;
-    let token = error::required("token", token)?;
-    let step = error::name("step", step)?;
-    let effect = error::required("effect", effect)?;
-    let info = spi::proc_info(effect).ok_or_else(|| Error::EffectSignature {
-        effect: format!("with OID {} (no such function)", effect.to_u32()),
-    })?;
-    if !info.is_jsonb_to_jsonb {
-        return Err(Error::EffectSignature { effect: info.name });
-    }
+    let workflow = args::name("workflow", workflow)?;
+    let token = args::required("token", token)?;
+    let step = args::name("step", step)?;
+    let effect = subxact::callable(args::required("effect", effect)?)?;
 
     let (current, recorded) = run_one(&TRANSACT_FENCE, &[workflow.into(), step.into()], |t| {
         if t.is_empty() {
             return Ok((None, None));
         }
-        let (current, recorded) = t.first().get_two::<i64, Jsonb>()?;
-        Ok((current, recorded))
+        Ok(t.first().get_two::<i64, Jsonb>()?)
     })?;
     claim::check_token(workflow, token, current)?;
     if let Some(recorded) = recorded {
         return Ok(recorded);
     }
 
-    let written = spi::subtransaction(|| {
-        let result =
-            spi::call_jsonb_function(effect, arg).ok_or_else(|| Error::EffectReturnedNull {
-                effect: info.name.clone(),
-            })?;
+    let written = subxact::subtransaction(|| {
+        let result = subxact::call_jsonb_function(&effect, arg).ok_or_else(|| {
+            Error::EffectReturnedNull {
+                effect: effect.name.clone(),
+            }
+        })?;
         run_one(
             &TRANSACT_WRITE,
             &[workflow.into(), step.into(), result.into(), token.into()],
@@ -206,60 +224,15 @@ pub fn transact_impl(
         first_value::<Jsonb>,
     )?
     .ok_or_else(|| Error::EffectWroteStep {
-        effect: info.name,
-        step: step.to_owned(),
+        effect: effect.name,
+        step: step.lossy(),
     })
 }
 
-/// Returns its row through `fcinfo` (see `spi::run_as_set`); the SQL
-/// declaration says `RETURNS TABLE (recorded jsonb, first boolean)`.
-#[pg_extern(sql = false)]
-fn record(
-    workflow: Option<&str>,
-    step: Option<&str>,
-    value: Option<Jsonb>,
-    token: Option<i64>,
-    fcinfo: pg_sys::FunctionCallInfo,
-) {
-    deliver(spi::pinned(|| {
-        record_impl(fcinfo, workflow, step, value, token)
-    }));
-}
-
-#[pg_extern(sql = false)]
-fn supply(workflow: Option<&str>, step: Option<&str>, value: Option<Jsonb>) -> Option<Jsonb> {
-    deliver(spi::pinned(|| supply_impl(workflow, step, value)))
-}
-
-/// Returns its rows through `fcinfo` (see `spi::run_as_set`); the SQL
-/// declaration says `RETURNS TABLE (step text, value jsonb, recorded_at timestamptz)`.
-#[pg_extern(sql = false)]
-fn load(workflow: Option<&str>, fcinfo: pg_sys::FunctionCallInfo) {
-    deliver(spi::pinned(|| load_impl(fcinfo, workflow)));
-}
-
-#[pg_extern(sql = false)]
-fn transact(
-    workflow: Option<&str>,
-    token: Option<i64>,
-    step: Option<&str>,
-    effect: Option<pg_sys::Oid>,
-    arg: Option<Jsonb>,
-) -> Option<Jsonb> {
-    deliver(transact_impl(workflow, token, step, effect, arg))
-}
-
-crate::entry_points! {
-    sturdy_record, pg_finfo_sturdy_record => record_wrapper;
-    sturdy_supply, pg_finfo_sturdy_supply => supply_wrapper;
-    sturdy_load, pg_finfo_sturdy_load => load_wrapper;
-    sturdy_transact, pg_finfo_sturdy_transact => transact_wrapper;
-}
-
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
-    use crate::testing::{count, sqlstate_of};
+    use crate::testing::{count, error_of, sqlstate_of};
     use pgrx::prelude::*;
 
     fn text(sql: &str) -> Option<String> {
@@ -527,6 +500,80 @@ mod tests {
         ] {
             assert_eq!(sqlstate_of(sql), state, "{sql}");
         }
+        assert_eq!(count("sturdy.checkpoints"), 0);
+    }
+
+    /// Whatever an effect raises reaches the caller as raised: pg_sturdy's own
+    /// SQLSTATEs from a nested call, PL/pgSQL's P0001, a user-defined code,
+    /// with message, detail and hint; and the effect's writes are undone.
+    #[pg_test]
+    fn transact_passes_every_sqlstate_an_effect_raises_through() {
+        Spi::run(
+            "CREATE TABLE pg_temp.effects (n int);
+             SELECT sturdy.claim('other', '1 hour'), sturdy.claim('w', '1 hour');
+             CREATE FUNCTION pg_temp.fences(a jsonb) RETURNS jsonb LANGUAGE plpgsql AS
+               $$BEGIN INSERT INTO pg_temp.effects VALUES (1); PERFORM sturdy.fence('other', 999); RETURN a; END$$;
+             CREATE FUNCTION pg_temp.stale(a jsonb) RETURNS jsonb LANGUAGE plpgsql AS
+               $$BEGIN PERFORM sturdy.record('other', 's', '1', 7); RETURN a; END$$;
+             CREATE FUNCTION pg_temp.bad_arg(a jsonb) RETURNS jsonb LANGUAGE plpgsql AS
+               $$BEGIN PERFORM sturdy.claim(''); RETURN a; END$$;
+             CREATE FUNCTION pg_temp.plain(a jsonb) RETURNS jsonb LANGUAGE plpgsql AS
+               $$BEGIN RAISE EXCEPTION 'plain'; END$$;
+             CREATE FUNCTION pg_temp.custom(a jsonb) RETURNS jsonb LANGUAGE plpgsql AS
+               $$BEGIN INSERT INTO pg_temp.effects VALUES (1);
+                 RAISE EXCEPTION 'custom' USING ERRCODE = 'AB123', DETAIL = 'the detail', HINT = 'the hint'; END$$;
+             CREATE FUNCTION pg_temp.caught_then_raised(a jsonb) RETURNS jsonb LANGUAGE plpgsql AS
+               $$BEGIN
+                 BEGIN RAISE EXCEPTION 'first' USING ERRCODE = 'AB001'; EXCEPTION WHEN OTHERS THEN NULL; END;
+                 RAISE EXCEPTION 'second' USING ERRCODE = 'AB002';
+               END$$;",
+        )
+        .unwrap();
+        let call = |f: &str| {
+            error_of(&format!(
+                "SELECT sturdy.transact('w', 1, 's', 'pg_temp.{f}(jsonb)', '{{}}')"
+            ))
+        };
+        assert!(
+            call("fences")
+                .starts_with("SD001 | workflow \"other\" is fenced: token 999 was never issued")
+        );
+        assert!(call("stale").starts_with("SD001 | workflow \"other\" is fenced: token 7"));
+        assert_eq!(
+            call("bad_arg"),
+            "22023 | workflow must not be empty | Pass a non-empty workflow."
+        );
+        assert_eq!(call("plain"), "P0001 | plain");
+        assert_eq!(call("custom"), "AB123 | custom | the detail | the hint");
+        assert_eq!(call("caught_then_raised"), "AB002 | second");
+        assert_eq!(count("pg_temp.effects"), 0);
+        assert_eq!(count("sturdy.checkpoints"), 0);
+    }
+
+    #[pg_test]
+    fn transact_refuses_an_effect_the_caller_may_not_execute() {
+        Spi::run(
+            "CREATE ROLE sturdy_t_app NOLOGIN;
+             SELECT sturdy.grant_usage('sturdy_t_app');
+             CREATE TABLE pg_temp.ran (u text);
+             GRANT INSERT ON pg_temp.ran TO sturdy_t_app;
+             CREATE FUNCTION pg_temp.secret(a jsonb) RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER
+               AS $$BEGIN INSERT INTO pg_temp.ran VALUES (current_user); RETURN a; END$$;
+             REVOKE ALL ON FUNCTION pg_temp.secret(jsonb) FROM PUBLIC;
+             SELECT sturdy.claim('w');",
+        )
+        .unwrap();
+        // define the probe while still superuser, then call as the role
+        assert_eq!(sqlstate_of("SELECT 1"), "00000");
+        Spi::run("SET LOCAL ROLE sturdy_t_app").unwrap();
+        let refused =
+            error_of("SELECT sturdy.transact('w', 1, 's', 'pg_temp.secret(jsonb)', '{}')");
+        Spi::run("RESET ROLE").unwrap();
+        assert!(
+            refused.starts_with("42501 | permission denied for function pg_temp"),
+            "{refused}"
+        );
+        assert_eq!(count("pg_temp.ran"), 0);
         assert_eq!(count("sturdy.checkpoints"), 0);
     }
 }

@@ -11,44 +11,35 @@
 //! never a client's. `release` hands the workflow back early but keeps the
 //! token, so the next claim still gets the next number.
 
+use pg_sturdy_macros::sql_function;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
-use crate::error::{self, Error, Result, deliver};
-use crate::spi::{self, Statement, first_value, null, run_one};
+use crate::args::{self, Name};
+use crate::datum::Text;
+use crate::error::{Error, Result};
+use crate::plan::{Statement, first_value, null, run_one};
 
-/// The claim upsert, for the rows `$rows` produces (`VALUES` or a `SELECT`
-/// of workflow, 1, held_until, owner, claimed_at). The `WHERE` on `DO UPDATE`
-/// is the "is it free" test: a live lease fails it, nothing is written and no
-/// row returns. Two first claims race on the primary key; the loser waits,
-/// then takes the `DO UPDATE` arm and finds the lease live. `take(claim =>
-/// true)` uses the same text, so a claim means one thing everywhere.
-macro_rules! claim_upsert_sql {
-    ($rows:literal) => {
-        concat!(
-            "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at) ",
-            $rows,
-            " ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token + 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until <= pg_catalog.now()
-              RETURNING held.workflow, held.token"
-        )
-    };
-}
-pub(crate) use claim_upsert_sql;
-
-/// Take the workflow when it is free.
+/// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
+/// free" test: a live lease fails it, nothing is written and no row returns.
+/// Two first claims race on the primary key; the loser waits, then takes the
+/// `DO UPDATE` arm and finds the lease live.
 static CLAIM: Statement = Statement {
-    sql: claim_upsert_sql!("VALUES ($1, 1, pg_catalog.now() + $2, $3, pg_catalog.now())"),
+    sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+          VALUES ($1, 1, pg_catalog.now() OPERATOR(pg_catalog.+) $2, $3, pg_catalog.now())
+          ON CONFLICT (workflow) DO UPDATE
+             SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                 owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+           WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+          RETURNING held.token",
     args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
     writes: true,
 };
 
 static RENEW: Statement = Statement {
-    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now() + $3
-           WHERE workflow = $1 AND token = $2 AND held_until > pg_catalog.now()
+    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now() OPERATOR(pg_catalog.+) $3
+           WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
           RETURNING held_until",
     args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INTERVALOID],
     writes: true,
@@ -56,15 +47,14 @@ static RENEW: Statement = Statement {
 
 static RELEASE: Statement = Statement {
     sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
-           WHERE workflow = $1 AND token = $2 AND held_until > pg_catalog.now()
+           WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
           RETURNING true",
     args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
     writes: true,
 };
 
-/// Lock the claim row and read its token. Operators are qualified because
-/// `transact` shares the fencing logic and runs under the caller's
-/// `search_path`.
+/// Lock the claim row and read its token.
 static FENCE: Statement = Statement {
     sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
     args: &[pg_sys::TEXTOID],
@@ -81,55 +71,66 @@ static CURRENT: Statement = Statement {
 /// Compare a pass's token with the workflow's current one (read under lock).
 /// Only the current token passes: an older one was superseded, and a newer one
 /// was never issued.
-pub fn check_token(workflow: &str, token: i64, current: Option<i64>) -> Result<()> {
+pub fn check_token(workflow: Name, token: i64, current: Option<i64>) -> Result<()> {
     if current == Some(token) {
-        Ok(())
-    } else {
-        Err(Error::Fenced {
-            workflow: workflow.to_owned(),
-            token,
-            current,
-        })
+        return Ok(());
     }
-}
-
-/// The error for a fenced write found by a statement that returned no row.
-pub fn fenced(workflow: &str, token: i64) -> Error {
-    let current =
-        run_one(&CURRENT, &[workflow.into()], first_value::<i64>).unwrap_or_else(|_| None);
-    Error::Fenced {
-        workflow: workflow.to_owned(),
+    Err(Error::Fenced {
+        workflow: workflow.lossy(),
         token,
         current,
-    }
-}
-
-pub fn claim_impl(
-    workflow: Option<&str>,
-    lease: Option<Interval>,
-    owner: Option<&str>,
-) -> Result<Option<i64>> {
-    let workflow = error::name("workflow", workflow)?;
-    let lease = error::lease("lease", lease)?;
-    let owner = error::optional_name("owner", owner)?;
-    let owner = owner.map_or_else(null::<&str>, Into::into);
-    run_one(&CLAIM, &[workflow.into(), lease.into(), owner], |t| {
-        Ok(if t.is_empty() {
-            None
-        } else {
-            t.first().get::<i64>(2)?
-        })
     })
 }
 
-pub fn renew_impl(
-    workflow: Option<&str>,
+/// The error for a fenced write found by a statement that returned no row:
+/// reads the current token to say which kind of stale token it was.
+pub fn fenced(workflow: Name, token: i64) -> Error {
+    match run_one(&CURRENT, &[workflow.into()], first_value::<i64>) {
+        Ok(current) => Error::Fenced {
+            workflow: workflow.lossy(),
+            token,
+            current,
+        },
+        Err(lookup) => lookup,
+    }
+}
+
+/// `SELECT ... FOR UPDATE` on the claim row, then the token check: the fence
+/// every hand-written or composed exactly-once write starts with.
+pub fn fence_current(workflow: Name, token: i64) -> Result<()> {
+    let current = run_one(&FENCE, &[workflow.into()], first_value)?;
+    check_token(workflow, token, current)
+}
+
+#[sql_function(
+    "sturdy.claim(workflow text, lease interval DEFAULT '1 minute', owner text DEFAULT NULL)
+     RETURNS bigint VOLATILE PARALLEL UNSAFE",
+    comment = "Take the workflow if nobody holds it (never claimed, released, or lease lapsed). Returns the new fencing token, higher than every earlier one, or NULL when someone else holds it."
+)]
+fn claim(
+    workflow: Option<Text>,
+    lease: Option<Interval>,
+    owner: Option<Text>,
+) -> Result<Option<i64>> {
+    let workflow = args::name("workflow", workflow)?;
+    let lease = args::lease("lease", lease)?;
+    let owner = args::optional_name("owner", owner)?;
+    let owner = owner.map_or_else(null::<Text>, Into::into);
+    run_one(&CLAIM, &[workflow.into(), lease.into(), owner], first_value)
+}
+
+#[sql_function(
+    "sturdy.renew(workflow text, token bigint, lease interval) RETURNS timestamptz VOLATILE PARALLEL UNSAFE",
+    comment = "Extend a live claim to now() + lease. Returns the new expiry, or NULL when the token is no longer current or its lease already lapsed."
+)]
+fn renew(
+    workflow: Option<Text>,
     token: Option<i64>,
     lease: Option<Interval>,
 ) -> Result<Option<TimestampWithTimeZone>> {
-    let workflow = error::name("workflow", workflow)?;
-    let token = error::required("token", token)?;
-    let lease = error::lease("lease", lease)?;
+    let workflow = args::name("workflow", workflow)?;
+    let token = args::required("token", token)?;
+    let lease = args::lease("lease", lease)?;
     run_one(
         &RENEW,
         &[workflow.into(), token.into(), lease.into()],
@@ -137,62 +138,30 @@ pub fn renew_impl(
     )
 }
 
-pub fn release_impl(workflow: Option<&str>, token: Option<i64>) -> Result<bool> {
-    let workflow = error::name("workflow", workflow)?;
-    let token = error::required("token", token)?;
+#[sql_function(
+    "sturdy.release(workflow text, token bigint) RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Hand a live claim back early, keeping its token so the next claim gets the next number. True when this call let go of a live claim."
+)]
+fn release(workflow: Option<Text>, token: Option<i64>) -> Result<bool> {
+    let workflow = args::name("workflow", workflow)?;
+    let token = args::required("token", token)?;
     run_one(&RELEASE, &[workflow.into(), token.into()], |t| {
         Ok(!t.is_empty())
     })
 }
 
-/// Lock the claim row and check the token; the first statement of a
-/// hand-written exactly-once transaction.
-pub fn fence_impl(workflow: Option<&str>, token: Option<i64>) -> Result<()> {
-    let workflow = error::name("workflow", workflow)?;
-    let token = error::required("token", token)?;
-    let current = lock_current(workflow)?;
-    check_token(workflow, token, current)
-}
-
-/// `SELECT ... FOR UPDATE` on the claim row: the current token, or `None`
-/// when the workflow was never claimed.
-pub fn lock_current(workflow: &str) -> Result<Option<i64>> {
-    run_one(&FENCE, &[workflow.into()], first_value)
-}
-
-#[pg_extern(sql = false)]
-fn claim(workflow: Option<&str>, lease: Option<Interval>, owner: Option<&str>) -> Option<i64> {
-    deliver(spi::pinned(|| claim_impl(workflow, lease, owner))).flatten()
-}
-
-#[pg_extern(sql = false)]
-fn renew(
-    workflow: Option<&str>,
-    token: Option<i64>,
-    lease: Option<Interval>,
-) -> Option<TimestampWithTimeZone> {
-    deliver(spi::pinned(|| renew_impl(workflow, token, lease))).flatten()
-}
-
-#[pg_extern(sql = false)]
-fn release(workflow: Option<&str>, token: Option<i64>) -> Option<bool> {
-    deliver(spi::pinned(|| release_impl(workflow, token)))
-}
-
-#[pg_extern(sql = false)]
-fn fence(workflow: Option<&str>, token: Option<i64>) {
-    deliver(spi::pinned(|| fence_impl(workflow, token)));
-}
-
-crate::entry_points! {
-    sturdy_claim, pg_finfo_sturdy_claim => claim_wrapper;
-    sturdy_renew, pg_finfo_sturdy_renew => renew_wrapper;
-    sturdy_release, pg_finfo_sturdy_release => release_wrapper;
-    sturdy_fence, pg_finfo_sturdy_fence => fence_wrapper;
+#[sql_function(
+    "sturdy.fence(workflow text, token bigint) RETURNS void VOLATILE PARALLEL UNSAFE",
+    comment = "Lock the claim row (FOR UPDATE) and raise SD001 unless token is the current one: the first statement of a hand-written exactly-once transaction."
+)]
+fn fence(workflow: Option<Text>, token: Option<i64>) -> Result<()> {
+    let workflow = args::name("workflow", workflow)?;
+    let token = args::required("token", token)?;
+    fence_current(workflow, token)
 }
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use crate::testing::{count, sqlstate_of};
     use pgrx::prelude::*;
@@ -278,6 +247,17 @@ mod tests {
             ("SELECT sturdy.claim('b', '0 seconds')", "22023"),
             ("SELECT sturdy.claim('b', '-1 minute')", "22023"),
             ("SELECT sturdy.claim('b', '1 day -24 hours')", "22023"),
+            // compared as Postgres compares intervals (a month is 30 days)
+            // these are positive, yet now() + lease is in the past
+            (
+                "SELECT sturdy.claim('b', '-12 mons 360 days 00:00:01')",
+                "22023",
+            ),
+            ("SELECT sturdy.claim('b', '-1 year 365 days')", "22023"),
+            (
+                "SELECT sturdy.renew('b', 1, '-12 mons 360 days 00:00:01')",
+                "22023",
+            ),
             ("SELECT sturdy.claim('b', '1 minute', '')", "22023"),
             ("SELECT sturdy.renew('b', NULL, '1 minute')", "22004"),
             ("SELECT sturdy.renew('b', 1, '0 s')", "22023"),

@@ -1,14 +1,33 @@
 //! pg_sturdy: durable-execution primitives inside PostgreSQL.
 //!
-//! This file is the table of contents. Each capability is one module with the
-//! same shape (protocol comment, statements, SQL functions, tests); its tables
-//! and `CREATE FUNCTION`s are in `sql/<capability>.sql`, which point at the
-//! entry points the module declares. Contract: DESIGN.md; user docs: README.md.
+//! This file is the table of contents. The base rooms, which the capabilities
+//! depend on and never the other way round:
+//! - `error`: the one error enum (SQLSTATE, message, hint);
+//! - `datum`: `text` and `jsonb` values passed through as Postgres holds them;
+//! - `args`: argument checks, into validated values;
+//! - `fmgr`: how Postgres calls us and how errors leave with their SQLSTATE;
+//! - `plan`: statements prepared once per backend, set-returning results;
+//! - `subxact`: subtransactions and calling a caller's function.
+//!
+//! Each capability is one module with the same shape (protocol comment,
+//! statements, `#[sql_function]`s, tests); its tables are in
+//! `sql/<capability>.sql`. `unsafe` is allowed only in the base rooms that
+//! talk to the server's C API.
+
+#![deny(unsafe_code)]
 
 ::pgrx::pg_module_magic!();
 
+pub mod args;
+#[allow(unsafe_code)]
+pub mod datum;
 pub mod error;
-pub mod spi;
+#[allow(unsafe_code)]
+pub mod fmgr;
+#[allow(unsafe_code)]
+pub mod plan;
+#[allow(unsafe_code)]
+pub mod subxact;
 
 mod checkpoint;
 mod claim;
@@ -17,7 +36,8 @@ mod queue;
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 
-// The install script, in dependency order.
+// The tables, in dependency order; the functions' CREATE FUNCTIONs come from
+// their `#[sql_function]`s, and the grants last.
 pgrx::extension_sql_file!("../sql/claims.sql", name = "claims");
 pgrx::extension_sql_file!(
     "../sql/checkpoints.sql",

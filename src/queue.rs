@@ -19,13 +19,15 @@
 //! sends `NOTIFY sturdy, '<queue>'`, delivered at commit (and dropped with a
 //! rollback; Postgres itself folds repeats within a transaction into one).
 
+use pg_sturdy_macros::sql_function;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
+use crate::args::{self, Name};
 use crate::checkpoint;
-use crate::error::{self, Error, Result, deliver};
-use crate::spi::{self, Jsonb, Statement, run_one};
+use crate::datum::{Jsonb, Text};
+use crate::error::Result;
+use crate::plan::{self, Statement, run_one};
 
 /// Upsert the row to `visible_at`, forgetting any lease on it, and notify
 /// listeners when it is ready now.
@@ -35,103 +37,128 @@ static SCHEDULE: Statement = Statement {
               VALUES ($3, $1, $2, NULL, pg_catalog.now())
               ON CONFLICT (queue, workflow) DO UPDATE
                  SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at
-              RETURNING q.visible_at <= pg_catalog.now() AS ready)
+              RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
           SELECT pg_catalog.pg_notify('sturdy', $3) FROM scheduled WHERE ready",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
 };
 
-/// Lease the oldest ready rows; the new `visible_at` is the receipt. With
-/// `claim`, also claim every taken workflow for the same lease in the same
-/// statement (`claim.rs`'s upsert; the token is NULL where someone still holds
-/// the claim).
-///
-/// The chosen rows are updated through their `ctid`s (we hold their row
-/// locks, so the tuple ids are stable for the statement): a TID scan whatever
-/// the planner believes. Joined back by key, a backlog that arrived after the
-/// last ANALYZE made the plan scan the queue once per row (measured: 680 ms
-/// instead of 1.8 ms to take 100 of 50,000).
-///
-/// Two shapes. For `max => 1`, a worker's usual call, the row is picked by an
-/// uncorrelated scalar subquery (an InitPlan: evaluated once, like the
-/// materialized CTE) and updated through its `ctid`: the smallest plan, and a
-/// generic one. For batches the `LIMIT $3` parameter makes the generic plan's
-/// estimate assume a big batch, so the plan cache re-plans per call; that
-/// cost (~0.15 ms, measured) is spread over the batch.
-macro_rules! take_sql {
-    (one, claim = false) => {
-        concat!(take_sql!(@one), " SELECT workflow, visible_at, NULL::bigint FROM taken")
-    };
-    (one, claim = true) => {
-        concat!(take_sql!(@one), ", claimed AS (", take_sql!(@claim), ")
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed) FROM taken t")
-    };
-    (many, claim = false) => {
-        concat!(take_sql!(@many), "
-          SELECT t.workflow, t.visible_at, NULL::bigint
-            FROM taken t JOIN due d ON d.workflow = t.workflow
-           ORDER BY d.visible_at")
-    };
-    (many, claim = true) => {
-        concat!(take_sql!(@many), ", claimed AS (", take_sql!(@claim), ")
-          SELECT t.workflow, t.visible_at, c.token
-            FROM taken t JOIN due d ON d.workflow = t.workflow
-            LEFT JOIN claimed c ON c.workflow = t.workflow
-           ORDER BY d.visible_at")
-    };
-    (@lease) => {
-        "UPDATE sturdy.queue AS q
-            SET visible_at = pg_catalog.now() + $2, taken_at = pg_catalog.now(), takes = q.takes + 1"
-    };
-    (@one) => {
-        concat!("WITH taken AS (", take_sql!(@lease), "
-             WHERE q.ctid = (SELECT ctid FROM sturdy.queue
-                              WHERE queue = $1 AND visible_at <= pg_catalog.now()
-                              ORDER BY visible_at
-                              LIMIT 1
-                              FOR UPDATE SKIP LOCKED)
-            RETURNING q.workflow, q.visible_at)")
-    };
-    (@many) => {
-        concat!("WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at FROM sturdy.queue
-               WHERE queue = $1 AND visible_at <= pg_catalog.now()
-               ORDER BY visible_at
-               LIMIT $3
-               FOR UPDATE SKIP LOCKED),
-          taken AS (", take_sql!(@lease), "
-             WHERE q.ctid = ANY (ARRAY(SELECT ctid FROM due))
-            RETURNING q.workflow, q.visible_at)")
-    };
-    (@claim) => {
-        crate::claim::claim_upsert_sql!("SELECT workflow, 1, pg_catalog.now() + $2, NULL, pg_catalog.now() FROM taken")
-    };
-}
+// `take`: lease the oldest ready rows; the new `visible_at` is the receipt.
+// With `claim`, every taken workflow is also claimed for the same lease in the
+// same statement, with the claim upsert of `claim.rs` (the token is NULL
+// where someone still holds the claim).
+//
+// The chosen rows are updated through their `ctid`s (we hold their row
+// locks, so the tuple ids are stable for the statement): a TID scan whatever
+// the planner believes. Joined back by key, a backlog that arrived after the
+// last ANALYZE made the plan scan the queue once per row (measured: 680 ms
+// instead of 1.8 ms to take 100 of 50,000).
+//
+// Two shapes. For `max => 1`, a worker's usual call, the row is picked by an
+// uncorrelated scalar subquery (an InitPlan: evaluated once, like the
+// materialized CTE) and updated through its `ctid`: the smallest plan, and a
+// generic one. For batches the `LIMIT $3` parameter makes the generic plan's
+// estimate assume a big batch, so the plan cache re-plans per call; that
+// cost (~0.15 ms, measured) is spread over the batch.
 
 const TAKE_ARGS: &[pg_sys::Oid] = &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID];
+
 static TAKE_ONE: Statement = Statement {
-    sql: take_sql!(one, claim = false),
+    sql: "WITH taken AS (
+              UPDATE sturdy.queue AS q
+                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) (
+                     SELECT ctid FROM sturdy.queue
+                      WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                      ORDER BY visible_at
+                      LIMIT 1
+                        FOR UPDATE SKIP LOCKED)
+              RETURNING q.workflow, q.visible_at)
+          SELECT workflow, visible_at, NULL::bigint FROM taken",
     args: TAKE_ARGS,
     writes: true,
 };
+
 static TAKE_ONE_CLAIM: Statement = Statement {
-    sql: take_sql!(one, claim = true),
+    sql: "WITH taken AS (
+              UPDATE sturdy.queue AS q
+                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) (
+                     SELECT ctid FROM sturdy.queue
+                      WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                      ORDER BY visible_at
+                      LIMIT 1
+                        FOR UPDATE SKIP LOCKED)
+              RETURNING q.workflow, q.visible_at),
+          claimed AS (
+              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+              SELECT workflow, 1, visible_at, NULL, pg_catalog.now() FROM taken
+              ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+              RETURNING held.token)
+          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed) FROM taken t",
     args: TAKE_ARGS,
     writes: true,
 };
+
 static TAKE_MANY: Statement = Statement {
-    sql: take_sql!(many, claim = false),
+    sql: "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+               ORDER BY visible_at
+               LIMIT $3
+                 FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+              RETURNING q.workflow, q.visible_at)
+          SELECT t.workflow, t.visible_at, NULL::bigint
+            FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
+           ORDER BY d.visible_at",
     args: TAKE_ARGS,
     writes: true,
 };
+
 static TAKE_MANY_CLAIM: Statement = Statement {
-    sql: take_sql!(many, claim = true),
+    sql: "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+               ORDER BY visible_at
+               LIMIT $3
+                 FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+              RETURNING q.workflow, q.visible_at),
+          claimed AS (
+              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+              SELECT workflow, 1, visible_at, NULL, pg_catalog.now() FROM taken
+              ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+              RETURNING held.workflow, held.token)
+          SELECT t.workflow, t.visible_at, c.token
+            FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
+            LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
+           ORDER BY d.visible_at",
     args: TAKE_ARGS,
     writes: true,
 };
 
 static DONE: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue WHERE queue = $3 AND workflow = $1 AND visible_at = $2 RETURNING true",
+    sql: "DELETE FROM sturdy.queue
+           WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
+             AND visible_at OPERATOR(pg_catalog.=) $2
+          RETURNING true",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
 };
@@ -141,8 +168,9 @@ static DONE: Statement = Statement {
 static WAKE_AT: Statement = Statement {
     sql: "WITH woken AS (
               UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL
-               WHERE queue = $4 AND workflow = $1 AND visible_at = $2
-              RETURNING visible_at <= pg_catalog.now() AS ready)
+               WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.=) $2
+              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
           SELECT ready, CASE WHEN ready THEN pg_catalog.pg_notify('sturdy', $4) END FROM woken",
     args: &[
         pg_sys::TEXTOID,
@@ -153,18 +181,9 @@ static WAKE_AT: Statement = Statement {
     writes: true,
 };
 
-fn queue_name(v: Option<&str>) -> Result<&str> {
-    error::name("queue", v)
-}
-
-pub fn schedule_impl(
-    workflow: Option<&str>,
-    visible_at: Option<TimestampWithTimeZone>,
-    queue: Option<&str>,
-) -> Result<()> {
-    let workflow = error::name("workflow", workflow)?;
-    let visible_at = error::required("visible_at", visible_at)?;
-    let queue = queue_name(queue)?;
+/// Make `workflow` visible in `queue` at `visible_at`, for validated
+/// arguments. `schedule` and `arrive` both end here.
+pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Name) -> Result<()> {
     run_one(
         &SCHEDULE,
         &[workflow.into(), visible_at.into(), queue.into()],
@@ -172,31 +191,47 @@ pub fn schedule_impl(
     )
 }
 
-/// Lease rows and return them as the result of the `take` call `fcinfo`.
-pub fn take_impl(
+#[sql_function(
+    "sturdy.schedule(workflow text, visible_at timestamptz DEFAULT now(), queue text DEFAULT 'default')
+     RETURNS void VOLATILE PARALLEL UNSAFE",
+    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done). When visible now, NOTIFY sturdy with the queue name, delivered at commit."
+)]
+fn schedule(
+    workflow: Option<Text>,
+    visible_at: Option<TimestampWithTimeZone>,
+    queue: Option<Text>,
+) -> Result<()> {
+    let workflow = args::name("workflow", workflow)?;
+    let visible_at = args::required("visible_at", visible_at)?;
+    let queue = args::name("queue", queue)?;
+    schedule_at(workflow, visible_at, queue)
+}
+
+/// Returns its rows through `fcinfo` (see `plan::run_as_set`).
+#[sql_function(
+    "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
+                 max integer DEFAULT 1, claim boolean DEFAULT false)
+     RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10",
+    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the new visible_at. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it)."
+)]
+fn take(
     fcinfo: pg_sys::FunctionCallInfo,
-    queue: Option<&str>,
+    queue: Option<Text>,
     lease: Option<Interval>,
     max: Option<i32>,
     claim: Option<bool>,
 ) -> Result<()> {
-    let queue = queue_name(queue)?;
-    let lease = error::lease("lease", lease)?;
-    let max = error::required("max", max)?;
-    if max <= 0 {
-        return Err(Error::NotPositive {
-            arg: "max",
-            got: max.to_string(),
-        });
-    }
-    let claim = error::required("claim", claim)?;
+    let queue = args::name("queue", queue)?;
+    let lease = args::lease("lease", lease)?;
+    let max = args::positive("max", max)?;
+    let claim = args::required("claim", claim)?;
     let stmt = match (max, claim) {
         (1, false) => &TAKE_ONE,
         (1, true) => &TAKE_ONE_CLAIM,
         (_, false) => &TAKE_MANY,
         (_, true) => &TAKE_MANY_CLAIM,
     };
-    spi::run_as_set(
+    plan::run_as_set(
         fcinfo,
         stmt,
         &[queue.into(), lease.into(), i64::from(max).into()],
@@ -204,14 +239,19 @@ pub fn take_impl(
     Ok(())
 }
 
-pub fn done_impl(
-    workflow: Option<&str>,
+#[sql_function(
+    "sturdy.done(workflow text, receipt timestamptz, queue text DEFAULT 'default')
+     RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Remove the workflow from queue if nothing rescheduled it since take (the receipt still matches). False means it was rescheduled: it stays, and will be taken again."
+)]
+fn done(
+    workflow: Option<Text>,
     receipt: Option<TimestampWithTimeZone>,
-    queue: Option<&str>,
+    queue: Option<Text>,
 ) -> Result<bool> {
-    let workflow = error::name("workflow", workflow)?;
-    let receipt = error::required("receipt", receipt)?;
-    let queue = queue_name(queue)?;
+    let workflow = args::name("workflow", workflow)?;
+    let receipt = args::required("receipt", receipt)?;
+    let queue = args::name("queue", queue)?;
     run_one(
         &DONE,
         &[workflow.into(), receipt.into(), queue.into()],
@@ -219,16 +259,21 @@ pub fn done_impl(
     )
 }
 
-pub fn wake_at_impl(
-    workflow: Option<&str>,
+#[sql_function(
+    "sturdy.wake_at(workflow text, receipt timestamptz, at timestamptz, queue text DEFAULT 'default')
+     RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Suspend the workflow until at, under the same receipt rule as done (a wakeup that landed meanwhile wins). NOTIFY when at is already past."
+)]
+fn wake_at(
+    workflow: Option<Text>,
     receipt: Option<TimestampWithTimeZone>,
     at: Option<TimestampWithTimeZone>,
-    queue: Option<&str>,
+    queue: Option<Text>,
 ) -> Result<bool> {
-    let workflow = error::name("workflow", workflow)?;
-    let receipt = error::required("receipt", receipt)?;
-    let at = error::required("at", at)?;
-    let queue = queue_name(queue)?;
+    let workflow = args::name("workflow", workflow)?;
+    let receipt = args::required("receipt", receipt)?;
+    let at = args::required("at", at)?;
+    let queue = args::name("queue", queue)?;
     run_one(
         &WAKE_AT,
         &[workflow.into(), receipt.into(), at.into(), queue.into()],
@@ -238,83 +283,28 @@ pub fn wake_at_impl(
 
 /// A value's arrival and the workflow's wakeup, in one transaction: supply the
 /// step, then schedule the workflow now.
-pub fn arrive_impl(
-    workflow: Option<&str>,
-    step: Option<&str>,
+#[sql_function(
+    "sturdy.arrive(workflow text, step text, value jsonb, queue text DEFAULT 'default')
+     RETURNS jsonb VOLATILE PARALLEL UNSAFE",
+    comment = "supply the step and schedule the workflow now, in one transaction: a value's arrival and the workflow's wakeup commit together. Returns the value stored."
+)]
+fn arrive(
+    workflow: Option<Text>,
+    step: Option<Text>,
     value: Option<Jsonb>,
-    queue: Option<&str>,
+    queue: Option<Text>,
 ) -> Result<Jsonb> {
-    // Validate everything before writing anything.
-    error::name("workflow", workflow)?;
-    error::name("step", step)?;
-    error::required("value", value)?;
-    queue_name(queue)?;
-    let stored = checkpoint::supply_impl(workflow, step, value)?;
-    schedule_impl(workflow, Some(pgrx::datum::now()), queue)?;
+    let workflow = args::name("workflow", workflow)?;
+    let step = args::name("step", step)?;
+    let value = args::required("value", value)?;
+    let queue = args::name("queue", queue)?;
+    let stored = checkpoint::supply_value(workflow, step, value)?;
+    schedule_at(workflow, pgrx::datum::now(), queue)?;
     Ok(stored)
 }
 
-#[pg_extern(sql = false)]
-fn schedule(
-    workflow: Option<&str>,
-    visible_at: Option<TimestampWithTimeZone>,
-    queue: Option<&str>,
-) {
-    deliver(spi::pinned(|| schedule_impl(workflow, visible_at, queue)));
-}
-
-/// Returns its rows through `fcinfo` (see `spi::run_as_set`); the SQL
-/// declaration says `RETURNS TABLE (workflow text, receipt timestamptz, token bigint)`.
-#[pg_extern(sql = false)]
-fn take(
-    queue: Option<&str>,
-    lease: Option<Interval>,
-    max: Option<i32>,
-    claim: Option<bool>,
-    fcinfo: pg_sys::FunctionCallInfo,
-) {
-    deliver(spi::pinned(|| take_impl(fcinfo, queue, lease, max, claim)));
-}
-
-#[pg_extern(sql = false)]
-fn done(
-    workflow: Option<&str>,
-    receipt: Option<TimestampWithTimeZone>,
-    queue: Option<&str>,
-) -> Option<bool> {
-    deliver(spi::pinned(|| done_impl(workflow, receipt, queue)))
-}
-
-#[pg_extern(sql = false)]
-fn wake_at(
-    workflow: Option<&str>,
-    receipt: Option<TimestampWithTimeZone>,
-    at: Option<TimestampWithTimeZone>,
-    queue: Option<&str>,
-) -> Option<bool> {
-    deliver(spi::pinned(|| wake_at_impl(workflow, receipt, at, queue)))
-}
-
-#[pg_extern(sql = false)]
-fn arrive(
-    workflow: Option<&str>,
-    step: Option<&str>,
-    value: Option<Jsonb>,
-    queue: Option<&str>,
-) -> Option<Jsonb> {
-    deliver(spi::pinned(|| arrive_impl(workflow, step, value, queue)))
-}
-
-crate::entry_points! {
-    sturdy_schedule, pg_finfo_sturdy_schedule => schedule_wrapper;
-    sturdy_take, pg_finfo_sturdy_take => take_wrapper;
-    sturdy_done, pg_finfo_sturdy_done => done_wrapper;
-    sturdy_wake_at, pg_finfo_sturdy_wake_at => wake_at_wrapper;
-    sturdy_arrive, pg_finfo_sturdy_arrive => arrive_wrapper;
-}
-
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     use crate::testing::{count, sqlstate_of};
     use pgrx::prelude::*;
@@ -536,6 +526,10 @@ mod tests {
             ("SELECT sturdy.schedule('w', now(), NULL)", "22004"),
             ("SELECT * FROM sturdy.take('')", "22023"),
             ("SELECT * FROM sturdy.take('q', '0 s')", "22023"),
+            (
+                "SELECT * FROM sturdy.take('q', '-12 mons 360 days 00:00:01')",
+                "22023",
+            ),
             ("SELECT * FROM sturdy.take('q', NULL)", "22004"),
             ("SELECT * FROM sturdy.take('q', '1 minute', 0)", "22023"),
             ("SELECT * FROM sturdy.take('q', '1 minute', -3)", "22023"),

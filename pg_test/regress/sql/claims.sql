@@ -26,6 +26,8 @@ SELECT sturdy.renew('order-1', 2, '1 hour') AS stale_renew;
 SELECT sturdy.fence('order-1', 3);
 SELECT sturdy.fence('order-1', 2);
 \echo :LAST_ERROR_SQLSTATE
+SELECT sturdy.fence('order-1', 9);
+\echo :LAST_ERROR_SQLSTATE
 SELECT sturdy.fence('never-claimed', 1);
 \echo :LAST_ERROR_SQLSTATE
 
@@ -37,6 +39,10 @@ SELECT sturdy.claim('');
 SELECT sturdy.claim(repeat('w', 1025));
 \echo :LAST_ERROR_SQLSTATE
 SELECT sturdy.claim('bad', NULL);
+\echo :LAST_ERROR_SQLSTATE
+-- a lease that ends before it begins, though Postgres orders it above zero
+-- (it counts a month as 30 days; now() + lease adds calendar months)
+SELECT sturdy.claim('bad', '-12 mons 360 days 00:00:01');
 \echo :LAST_ERROR_SQLSTATE
 SELECT sturdy.claim('bad', '0 seconds');
 \echo :LAST_ERROR_SQLSTATE

@@ -1,6 +1,6 @@
--- Security: SECURITY INVOKER everywhere, search_path pinned where no caller
--- code runs (inside the C functions, see sql/claims.sql), nothing open to
--- PUBLIC, grant_usage opens exactly the API.
+-- Security: SECURITY INVOKER everywhere, no SET clauses (every statement is
+-- schema-qualified instead: hostile_*.sql), nothing open to PUBLIC,
+-- grant_usage opens exactly the API, caller code only with the caller's rights.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
@@ -34,26 +34,35 @@ SELECT sturdy.grant_usage(NULL);
 SELECT sturdy.grant_usage('no such role');
 \echo :LAST_ERROR_SQLSTATE
 
--- a hostile search_path cannot redirect pg_sturdy's own statements
-CREATE SCHEMA evil;
-CREATE TABLE evil.claims (workflow text, token bigint, held_until timestamptz, owner text, claimed_at timestamptz);
-CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT 'infinity'::timestamptz $$;
-SET search_path = evil, pg_catalog;
-SELECT sturdy.claim('sec-2', '1 minute') AS token;
-SELECT count(*) AS evil_rows FROM evil.claims;
--- an operator that would hijack record's unqualified "=" on text if its
--- statement were ever analysed under the caller's search_path
-CREATE FUNCTION evil.texteq(a text, b text) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$;
-CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.texteq);
-SELECT * FROM sturdy.record('sec-2', 's', '"mine"', 1);
-SELECT * FROM sturdy.record('sec-1', 's', '"hijack"', 99);
+-- transact calls an effect only if the caller may execute it: a function
+-- with EXECUTE revoked from PUBLIC, even SECURITY DEFINER, is refused with
+-- 42501 before anything runs or is written
+CREATE SCHEMA priv;
+CREATE TABLE priv.ran (u text);
+CREATE FUNCTION priv.f(a jsonb) RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER
+  AS $$BEGIN INSERT INTO priv.ran VALUES (current_user); RETURN a; END$$;
+REVOKE ALL ON FUNCTION priv.f(jsonb) FROM PUBLIC;
+SELECT 'priv.f(jsonb)'::regprocedure::oid AS f_oid \gset
+SET ROLE sturdy_regress_app;
+SELECT sturdy.claim('sec-4') AS token;
+-- by OID, from a role that cannot even see the schema
+SELECT sturdy.transact('sec-4', 1, 's', :f_oid::oid::regprocedure, '{}');
 \echo :LAST_ERROR_SQLSTATE
-SELECT sturdy.fence('sec-2', 1);
-SELECT sturdy.claim('sec-3') AS token;
-SELECT sturdy.supply('sec-3', 's', '"supplied"');
-SELECT step, value FROM sturdy.load('sec-3');
-RESET search_path;
-SELECT workflow, held_until < now() + interval '2 minutes' AS sane FROM sturdy.claims WHERE workflow = 'sec-2';
+RESET ROLE;
+-- by name, with the schema visible but EXECUTE still revoked
+GRANT USAGE ON SCHEMA priv TO sturdy_regress_app;
+SET ROLE sturdy_regress_app;
+SELECT sturdy.transact('sec-4', 1, 's', 'priv.f(jsonb)'::regprocedure, '{}');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT count(*) AS ran FROM priv.ran;
+SELECT count(*) AS recorded FROM sturdy.checkpoints WHERE workflow = 'sec-4';
+-- granted, it runs, and as a SECURITY DEFINER function runs when called directly
+GRANT EXECUTE ON FUNCTION priv.f(jsonb) TO sturdy_regress_app;
+SET ROLE sturdy_regress_app;
+SELECT sturdy.transact('sec-4', 1, 's', 'priv.f(jsonb)'::regprocedure, '{"ok": 1}');
+RESET ROLE;
+SELECT u FROM priv.ran;
 
 -- user data survives pg_dump
 SELECT c.relname, c.relkind FROM pg_extension e, unnest(e.extconfig) AS cfg(oid)
@@ -61,6 +70,6 @@ SELECT c.relname, c.relkind FROM pg_extension e, unnest(e.extconfig) AS cfg(oid)
 
 REVOKE sturdy_user FROM sturdy_regress_app;
 DROP OWNED BY sturdy_user, sturdy_regress_app;
-DROP SCHEMA evil CASCADE;
+DROP SCHEMA priv CASCADE;
 DROP ROLE sturdy_user;
 DROP ROLE sturdy_regress_app;

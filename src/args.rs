@@ -1,0 +1,83 @@
+//! Argument checks shared by every capability: validate first, write second.
+//!
+//! A check turns a raw argument (`Option<...>`, since every function takes
+//! NULLs in order to refuse them by name) into a value that is known good.
+//! Capabilities that share work share core functions taking these validated
+//! types, never raw arguments.
+
+use pgrx::IntoDatum;
+use pgrx::datum::Interval;
+use pgrx::pg_sys;
+
+use crate::datum::Text;
+use crate::error::{Error, MAX_NAME_BYTES, Result};
+
+/// A name (workflow, step, queue, owner) that passed [`name`]: not NULL, not
+/// empty, at most [`MAX_NAME_BYTES`] bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Name(Text);
+
+impl Name {
+    /// For messages: the name as UTF-8, with anything else replaced.
+    pub fn lossy(&self) -> String {
+        self.0.lossy()
+    }
+}
+
+impl IntoDatum for Name {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        self.0.into_datum()
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+}
+
+/// A required argument: NULL is refused.
+pub fn required<T>(arg: &'static str, v: Option<T>) -> Result<T> {
+    v.ok_or(Error::Null { arg })
+}
+
+/// A required name: NULL, empty and over-long are refused.
+pub fn name(arg: &'static str, v: Option<Text>) -> Result<Name> {
+    let v = required(arg, v)?;
+    match v.bytes().len() {
+        0 => Err(Error::Empty { arg }),
+        n if n > MAX_NAME_BYTES => Err(Error::TooLong { arg, bytes: n }),
+        _ => Ok(Name(v)),
+    }
+}
+
+/// An optional name: NULL passes, empty and over-long are refused.
+pub fn optional_name(arg: &'static str, v: Option<Text>) -> Result<Option<Name>> {
+    v.map(|v| name(arg, Some(v))).transpose()
+}
+
+/// A required interval that ends after it begins: `now() + v > now()`,
+/// computed as the statements compute it (calendar months and years, days
+/// across a daylight-saving change in the session's time zone). Comparing
+/// the interval itself is not enough: Postgres orders intervals counting a
+/// month as 30 days, so `'-1 mon 31 days'` compares positive yet may end
+/// now, and `'-12 mons 360 days'` ends five days ago.
+pub fn lease(arg: &'static str, v: Option<Interval>) -> Result<Interval> {
+    let v = required(arg, v)?;
+    let now = pgrx::datum::now();
+    if now + v <= now {
+        return Err(Error::NotPositive {
+            arg,
+            got: v.to_string(),
+        });
+    }
+    Ok(v)
+}
+
+/// A required count that must be at least one.
+pub fn positive(arg: &'static str, v: Option<i32>) -> Result<i32> {
+    match required(arg, v)? {
+        n if n > 0 => Ok(n),
+        n => Err(Error::NotPositive {
+            arg,
+            got: n.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,104 @@
+//! Values passed through as Postgres holds them.
+//!
+//! - [`Text`]: a `text` argument, never converted to a Rust `&str`. Names are
+//!   keys we hand back to SPI untouched, so they work in any server encoding
+//!   (a `SQL_ASCII` database may hold any bytes) and cost no conversion; a
+//!   message that quotes one decodes it lossily.
+//! - [`Jsonb`]: a `jsonb` datum, untouched. pgrx's own `JsonB` goes through
+//!   text and `serde_json` in both directions; checkpoint values are the
+//!   caller's and we never look inside them.
+
+use pgrx::pg_sys;
+use pgrx::{FromDatum, IntoDatum, PgMemoryContexts};
+
+/// A non-null `text` datum, detoasted (a short header is kept).
+#[derive(Clone, Copy, Debug)]
+pub struct Text(pg_sys::Datum);
+
+impl Text {
+    /// The text's bytes, in the server encoding.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the datum is a detoasted varlena (from_polymorphic_datum),
+        // alive for the call that passed it.
+        unsafe {
+            let ptr = self.0.cast_mut_ptr::<pg_sys::varlena>();
+            std::slice::from_raw_parts(
+                pgrx::varlena::vardata_any(ptr).cast::<u8>(),
+                pgrx::varlena::varsize_any_exhdr(ptr),
+            )
+        }
+    }
+
+    /// For messages: the text as UTF-8, with anything else replaced.
+    pub fn lossy(&self) -> String {
+        String::from_utf8_lossy(self.bytes()).into_owned()
+    }
+}
+
+impl FromDatum for Text {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-null text datum points at a varlena, possibly toasted.
+        let plain = unsafe { pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()) };
+        Some(Text(pg_sys::Datum::from(plain)))
+    }
+}
+
+impl IntoDatum for Text {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+}
+
+/// A `jsonb` value as Postgres holds it. Read from SPI it is copied (and
+/// detoasted) into the caller's memory context, so it outlives the connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Jsonb(pub(crate) pg_sys::Datum);
+
+impl FromDatum for Jsonb {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        (!is_null).then_some(Jsonb(datum))
+    }
+
+    unsafe fn from_datum_in_memory_context(
+        mut memory_context: PgMemoryContexts,
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-null jsonb datum points at a varlena; the copy lives
+        // in `memory_context`, which SPI makes the caller's.
+        unsafe {
+            memory_context.switch_to(|_| {
+                Some(Jsonb(pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(
+                    datum.cast_mut_ptr(),
+                ))))
+            })
+        }
+    }
+}
+
+impl IntoDatum for Jsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}

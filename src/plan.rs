@@ -1,0 +1,327 @@
+//! Statements prepared once per backend, and their results.
+//!
+//! - [`Statement`]: a static SQL statement with its argument types, planned
+//!   on first use in each backend and kept (`SPI_keepplan`), so a hot call
+//!   never parses or plans.
+//! - [`run_one`]: open an SPI connection, run one statement, read its result.
+//! - [`run_as_set`]: a statement's rows as a set-returning function's result.
+//!
+//! No function pins `search_path`. Instead every statement names everything
+//! it uses with its schema — tables (`sturdy.claims`), functions
+//! (`pg_catalog.now()`), operators (`OPERATOR(pg_catalog.=)`) and casts to
+//! non-keyword types (`::pg_catalog.text`) — so no `search_path`, hostile or
+//! not, can change what runs. That is both the safest choice and the cheapest
+//! (measured, see bench/README.md): PostgreSQL's override search path is gone
+//! from 17 on, and a GUC nest level (what a `SET search_path` clause does)
+//! costs a save and restore of the setting on every call, while a statement
+//! that resolves nothing through the path needs none. Caller code that
+//! pg_sturdy runs (an effect) keeps the caller's path, as it must. Debug
+//! builds check every statement for an unqualified name as they prepare it
+//! ([`lint`]); `pg_test/regress/hostile_*.sql` call every function under a
+//! path that shadows the operators and functions they use.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::{FromDatum, IntoDatum};
+
+use crate::error::{Error, Result};
+
+/// One static SQL statement with its argument types. Declared as a `static`
+/// next to the function that runs it.
+pub struct Statement {
+    pub sql: &'static str,
+    pub args: &'static [pg_sys::Oid],
+    /// Writes (or locks) rows: run read-write. Read-only statements run on the
+    /// caller's snapshot, as a `STABLE` function's queries should.
+    pub writes: bool,
+}
+
+thread_local! {
+    // Leaked on purpose: a kept plan lives as long as the backend, and handing
+    // out `&'static` lets a statement run without holding this borrow, so a
+    // caller's effect may call back into pg_sturdy.
+    static PLANS: RefCell<HashMap<usize, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+}
+
+impl Statement {
+    fn plan(&'static self, client: &SpiClient<'_>) -> Result<&'static OwnedPreparedStatement> {
+        let key = self as *const Statement as usize;
+        if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).copied()) {
+            return Ok(plan);
+        }
+        if cfg!(debug_assertions) {
+            if let Err(why) = lint(self.sql) {
+                return Err(Error::Internal {
+                    context: "statement lint",
+                    cause: format!("{why} in: {}", self.sql),
+                });
+            }
+        }
+        let types: Vec<PgOid> = self.args.iter().map(|&oid| PgOid::from(oid)).collect();
+        let prepared = if self.writes {
+            client.prepare_mut(self.sql, &types)?
+        } else {
+            client.prepare(self.sql, &types)?
+        };
+        let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
+        PLANS.with(|p| p.borrow_mut().insert(key, plan));
+        Ok(plan)
+    }
+
+    /// Run the statement on an open SPI connection.
+    pub fn run<'c>(
+        &'static self,
+        client: &SpiClient<'c>,
+        args: &[DatumWithOid<'_>],
+    ) -> Result<SpiTupleTable<'c>> {
+        let plan = self.plan(client)?;
+        Ok(client.select(plan, None, args)?)
+    }
+}
+
+/// The common shape: open a connection, run one statement, read its result.
+pub fn run_one<R>(
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+    read: impl FnOnce(SpiTupleTable<'_>) -> Result<R>,
+) -> Result<R> {
+    Spi::connect(|client| read(stmt.run(client, args)?))
+}
+
+/// Run `stmt` and make its rows the result of the set-returning function
+/// called through `fcinfo`, in materialize mode: one call fills one
+/// tuplestore, each row's values moved over as the statement produced them.
+/// pgrx's value-per-call iterator costs a call per row plus one, a tuple
+/// descriptor per call, and a trip of every value through Rust and back
+/// (measured: `take` spent ~20 µs a call over its own statement that way).
+/// The statement's columns must have the types of the function's declared
+/// result columns, in order. Returns the number of rows.
+pub fn run_as_set(
+    fcinfo: pg_sys::FunctionCallInfo,
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+) -> Result<usize> {
+    run_one(stmt, args, |t| {
+        let rows = t.len();
+        // SAFETY: `fcinfo` is the live call of a set-returning function
+        // (InitMaterializedSRF checks that the caller accepts a tuplestore and
+        // raises if not). SPI_tuptable is the result of the statement `t`
+        // wraps, valid until the connection closes after this closure; each of
+        // its `rows` tuples is deformed with its own descriptor and copied into
+        // the tuplestore, which lives in the caller's per-query memory.
+        unsafe {
+            pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+            let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+            let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+            let table = pg_sys::SPI_tuptable;
+            if table.is_null() {
+                return Err(Error::Internal {
+                    context: "set-returning function",
+                    cause: "the statement returned no rows".into(),
+                });
+            }
+            let from = (*table).tupdesc;
+            let natts = (*desc).natts;
+            let same_shape = (*from).natts == natts
+                && (1..=natts)
+                    .all(|i| pg_sys::SPI_gettypeid(from, i) == pg_sys::SPI_gettypeid(desc, i));
+            if !same_shape {
+                return Err(Error::Internal {
+                    context: "set-returning function",
+                    cause: "the statement's columns do not match the declared result".into(),
+                });
+            }
+            let mut values = vec![pg_sys::Datum::from(0); natts as usize];
+            let mut nulls = vec![false; natts as usize];
+            for i in 0..rows {
+                let tuple = *(*table).vals.add(i);
+                pg_sys::heap_deform_tuple(tuple, from, values.as_mut_ptr(), nulls.as_mut_ptr());
+                pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+            }
+        }
+        Ok(rows)
+    })
+}
+
+/// The first column of the first row, or `None` when there is no row (or it
+/// is NULL). pgrx treats reading an empty result as an error; for us "no row"
+/// is an answer (a held claim, a fenced write).
+pub fn first_value<T: FromDatum + IntoDatum>(t: SpiTupleTable<'_>) -> Result<Option<T>> {
+    if t.is_empty() {
+        Ok(None)
+    } else {
+        Ok(t.first().get_one::<T>()?)
+    }
+}
+
+/// A typed SQL NULL argument.
+pub fn null<T: IntoDatum>() -> DatumWithOid<'static> {
+    DatumWithOid::null::<T>()
+}
+
+/// Words that may stand before `(` without naming a function.
+const KEYWORDS_BEFORE_PAREN: &[&str] = &[
+    "ALL",
+    "AND",
+    "ANY",
+    "ARRAY",
+    "AS",
+    "BY",
+    "COALESCE",
+    "CONFLICT",
+    "EXISTS",
+    "FROM",
+    "GREATEST",
+    "IN",
+    "JOIN",
+    "LATERAL",
+    "LEAST",
+    "MATERIALIZED",
+    "NOT",
+    "NULLIF",
+    "ON",
+    "OR",
+    "SELECT",
+    "SET",
+    "USING",
+    "VALUES",
+    "WHERE",
+    "WITH",
+    "FILTER",
+    "OVER",
+    "RETURNING",
+    "THEN",
+    "ELSE",
+    "WHEN",
+    "CASE",
+    "INTO",
+];
+/// Type names that are SQL keywords, so no `search_path` can shadow them.
+const KEYWORD_TYPES: &[&str] = &[
+    "bigint", "integer", "int", "boolean", "interval", "smallint",
+];
+
+/// Why `sql` could resolve something through the caller's `search_path`, if it
+/// could: an operator not written `OPERATOR(pg_catalog.x)`, a function not
+/// written `schema.f(`, a cast to a type not written `schema.t` (SQL keywords
+/// such as `bigint` excepted). String literals are skipped.
+pub fn lint(sql: &str) -> std::result::Result<(), String> {
+    let mut plain = String::with_capacity(sql.len());
+    let mut quoted = false;
+    for ch in sql.chars() {
+        if ch == '\'' {
+            quoted = !quoted;
+            plain.push(' ');
+        } else {
+            plain.push(if quoted { ' ' } else { ch });
+        }
+    }
+    let plain = plain.replace("(*)", "( )");
+    let bytes = plain.as_bytes();
+    let word_at = |start: usize| -> &str {
+        let end = plain[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .map_or(plain.len(), |n| start + n);
+        &plain[start..end]
+    };
+    let mut in_set = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i] as char;
+        if plain[i..].starts_with("OPERATOR(") {
+            let close = plain[i..].find(')').ok_or("an unclosed OPERATOR(")? + i;
+            if !plain[i + 9..close].starts_with("pg_catalog.") {
+                return Err(format!(
+                    "an operator outside pg_catalog: {}",
+                    &plain[i..=close]
+                ));
+            }
+            i = close + 1;
+        } else if plain[i..].starts_with("::") {
+            let ty = word_at(i + 2);
+            if !(ty.contains('.') || KEYWORD_TYPES.contains(&ty)) {
+                return Err(format!("a cast to an unqualified type: ::{ty}"));
+            }
+            i += 2 + ty.len();
+        } else if c == '$' {
+            i += 1;
+        } else if c == '=' && in_set && is_assignment(&plain[..i]) {
+            i += 1;
+        } else if "=<>+-*/%^|&!~@#?".contains(c) {
+            return Err(format!(
+                "an unqualified operator `{c}` near: {}",
+                &plain[i.saturating_sub(30)..(i + 10).min(plain.len())]
+            ));
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let w = word_at(i);
+            match w.to_uppercase().as_str() {
+                "SET" => in_set = true,
+                "WHERE" | "RETURNING" | "FROM" => in_set = false,
+                _ => {}
+            }
+            let after = plain[i + w.len()..].trim_start();
+            if after.starts_with('(')
+                && !w.contains('.')
+                && !KEYWORDS_BEFORE_PAREN.contains(&w.to_uppercase().as_str())
+            {
+                // `AS alias (cols)`: a name followed by its column list
+                let before = plain[..i].trim_end();
+                if !before.to_uppercase().ends_with(" AS") {
+                    return Err(format!("an unqualified function: {w}("));
+                }
+            }
+            i += w.len();
+        } else {
+            i += c.len_utf8();
+        }
+    }
+    Ok(())
+}
+
+/// Whether the `=` after `before` assigns a column in a `SET` list: it
+/// follows a bare column name that follows `SET` or a comma.
+fn is_assignment(before: &str) -> bool {
+    let before = before.trim_end();
+    let column_start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |n| n + 1);
+    let rest = before[..column_start].trim_end();
+    column_start < before.len() && (rest.ends_with(',') || rest.to_uppercase().ends_with("SET"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lint;
+
+    #[test]
+    fn lint_accepts_qualified_statements() {
+        lint(
+            "INSERT INTO sturdy.claims AS held (workflow, token) VALUES ($1, 1)
+             ON CONFLICT (workflow) DO UPDATE SET token = held.token OPERATOR(pg_catalog.+) 1
+              WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now() RETURNING NULL::bigint, 'a = b'",
+        )
+        .unwrap();
+        lint("WITH x AS MATERIALIZED (SELECT pg_catalog.count(*) FROM sturdy.queue) SELECT $1::pg_catalog.text").unwrap();
+    }
+
+    #[test]
+    fn lint_refuses_what_a_search_path_could_shadow() {
+        for sql in [
+            "SELECT 1 FROM sturdy.claims WHERE workflow = $1",
+            "SELECT now()",
+            "SELECT count(*) FROM sturdy.queue",
+            "SELECT $1::text",
+            "SELECT a OPERATOR(evil.=) b",
+            "SELECT a + 1",
+            "UPDATE sturdy.queue SET a = 1, b = 2 WHERE c = 3",
+            "UPDATE sturdy.queue SET a = (b = c)",
+        ] {
+            assert!(lint(sql).is_err(), "{sql}");
+        }
+    }
+}
