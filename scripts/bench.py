@@ -90,6 +90,13 @@ def main():
     try:
         subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
                         os.path.join(ROOT, "bench", "setup.sql"), "postgres"], check=True)
+        # the search-path choice (plan.rs), in-server: no pin vs a GUC nest level
+        ab = subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
+                             os.path.join(ROOT, "bench", "search_path_ab.sql"), "postgres"],
+                            check=True, capture_output=True, text=True)
+        search_path = " ".join(line.split("NOTICE:", 1)[1].strip() for line in ab.stderr.splitlines()
+                               if "NOTICE:" in line)
+        print(search_path, flush=True)
         results = {}  # (case, clients) -> {"sturdy": [rate], "base": [rate]}
         seq = {}
         cases = [c for i, c in enumerate(CASES, 1) if not ONLY or str(i) in ONLY.split(",")]
@@ -115,7 +122,7 @@ def main():
                             seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
                         print(f"rep {rep + 1} {case['name'][:40]:40} {clients:3} clients {side:6} {rate:10.0f}",
                               flush=True)
-        report(results, seq)
+        report(results, seq, search_path)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
 
@@ -124,10 +131,11 @@ def fmt(xs):
     return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}..{max(xs):,.0f})"
 
 
-def report(results, seq):
+def report(results, seq, search_path):
     lines = [
         f"pgbench -M prepared, {SECONDS} s per run, {REPS} runs each (median, min..max), "
-        f"{os.cpu_count()} cores, one scratch cluster, synchronous_commit on",
+        f"{os.cpu_count()} cores, one scratch cluster, synchronous_commit on, "
+        + subprocess.run([PG_CONFIG, "--version"], capture_output=True, text=True).stdout.strip(),
         "",
         "The ratio is taken within each repetition, where the two sides ran back to back",
         "(the machine drifts more between repetitions than between neighbours), then the",
@@ -149,7 +157,7 @@ def report(results, seq):
         lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | {fmt(r['base'])} | "
                      f"{ratio(r['sturdy'], r['base'])} | {wrapper} |")
     lines += ["", "Sequential scans on hot tables during the runs: "
-              + ", ".join(f"{t} {n}" for t, n in seq.items())]
+              + ", ".join(f"{t} {n}" for t, n in seq.items()), "", search_path]
     text = "\n".join(lines)
     os.makedirs(DIR, exist_ok=True)
     with open(os.path.join(DIR, "results.md"), "w") as f:

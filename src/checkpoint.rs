@@ -25,6 +25,7 @@ use crate::args::{self, Name};
 use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
+use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
 use crate::subxact;
 
@@ -121,14 +122,14 @@ pub fn supply_value(workflow: Name, step: Name, value: Jsonb) -> Result<Jsonb> {
     })
 }
 
-/// Returns its row through `fcinfo` (see `plan::run_as_set`).
+/// Returns its row through the call (see `plan::run_as_set`).
 #[sql_function(
     "sturdy.record(workflow text, step text, value jsonb, token bigint)
      RETURNS TABLE (recorded jsonb, first boolean) VOLATILE PARALLEL UNSAFE ROWS 1",
     comment = "Fenced first-writer-wins checkpoint: the value stored after the call and whether this call stored it. Raises SD001 when token is not the current claim."
 )]
 fn record(
-    fcinfo: pg_sys::FunctionCallInfo,
+    call: &Args,
     workflow: Option<Text>,
     step: Option<Text>,
     value: Option<Jsonb>,
@@ -139,7 +140,7 @@ fn record(
     let value = args::required("value", value)?;
     let token = args::required("token", token)?;
     let rows = plan::run_as_set(
-        fcinfo,
+        call,
         &RECORD,
         &[workflow.into(), step.into(), value.into(), token.into()],
     )?;
@@ -160,15 +161,15 @@ fn supply(workflow: Option<Text>, step: Option<Text>, value: Option<Jsonb>) -> R
     supply_value(workflow, step, value)
 }
 
-/// Returns its rows through `fcinfo` (see `plan::run_as_set`).
+/// Returns its rows through the call (see `plan::run_as_set`).
 #[sql_function(
     "sturdy.load(workflow text) RETURNS TABLE (step text, value jsonb, recorded_at timestamptz)
      STABLE PARALLEL UNSAFE",
     comment = "A workflow's recorded steps, oldest first."
 )]
-fn load(fcinfo: pg_sys::FunctionCallInfo, workflow: Option<Text>) -> Result<()> {
+fn load(call: &Args, workflow: Option<Text>) -> Result<()> {
     let workflow = args::name("workflow", workflow)?;
-    plan::run_as_set(fcinfo, &LOAD, &[workflow.into()])?;
+    plan::run_as_set(call, &LOAD, &[workflow.into()])?;
     Ok(())
 }
 

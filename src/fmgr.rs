@@ -75,7 +75,7 @@ pub unsafe fn call<R: IntoDatum>(
     }
 }
 
-unsafe extern "C" {
+unsafe extern "C-unwind" {
     // Declared here rather than taken from pgrx's bindings, which wrap every
     // call in a sigsetjmp guard: inside an error callback that is both
     // needless and, for the raising functions below, wrong (the ERROR must
@@ -115,6 +115,7 @@ pub fn catching<T>(body: impl FnOnce() -> Result<T>) -> Result<T> {
             arg: &raw as *const Cell<c_int> as *mut c_void,
         }
     };
+    // SAFETY: push; `callback` lives in this frame until the pop below.
     unsafe { pg_sys::error_context_stack = &mut callback };
     let seen = AssertUnwindSafe(&raw);
     let out = PgTryBuilder::new(AssertUnwindSafe(body))

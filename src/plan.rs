@@ -30,6 +30,7 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
 use pgrx::{FromDatum, IntoDatum};
 
 use crate::error::{Error, Result};
+use crate::fmgr::Args;
 
 /// One static SQL statement with its argument types. Declared as a `static`
 /// next to the function that runs it.
@@ -54,13 +55,13 @@ impl Statement {
         if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).copied()) {
             return Ok(plan);
         }
-        if cfg!(debug_assertions) {
-            if let Err(why) = lint(self.sql) {
-                return Err(Error::Internal {
-                    context: "statement lint",
-                    cause: format!("{why} in: {}", self.sql),
-                });
-            }
+        if cfg!(debug_assertions)
+            && let Err(why) = lint(self.sql)
+        {
+            return Err(Error::Internal {
+                context: "statement lint",
+                cause: format!("{why} in: {}", self.sql),
+            });
         }
         let types: Vec<PgOid> = self.args.iter().map(|&oid| PgOid::from(oid)).collect();
         let prepared = if self.writes {
@@ -94,7 +95,7 @@ pub fn run_one<R>(
 }
 
 /// Run `stmt` and make its rows the result of the set-returning function
-/// called through `fcinfo`, in materialize mode: one call fills one
+/// `call`, in materialize mode: one call fills one
 /// tuplestore, each row's values moved over as the statement produced them.
 /// pgrx's value-per-call iterator costs a call per row plus one, a tuple
 /// descriptor per call, and a trip of every value through Rust and back
@@ -102,13 +103,14 @@ pub fn run_one<R>(
 /// The statement's columns must have the types of the function's declared
 /// result columns, in order. Returns the number of rows.
 pub fn run_as_set(
-    fcinfo: pg_sys::FunctionCallInfo,
+    call: &Args,
     stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
 ) -> Result<usize> {
+    let fcinfo = call.fcinfo();
     run_one(stmt, args, |t| {
         let rows = t.len();
-        // SAFETY: `fcinfo` is the live call of a set-returning function
+        // SAFETY: `fcinfo` is the live call (`Args` exists only inside one) of a set-returning function
         // (InitMaterializedSRF checks that the caller accepts a tuplestore and
         // raises if not). SPI_tuptable is the result of the statement `t`
         // wraps, valid until the connection closes after this closure; each of
@@ -248,9 +250,8 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
                 return Err(format!("a cast to an unqualified type: ::{ty}"));
             }
             i += 2 + ty.len();
-        } else if c == '$' {
-            i += 1;
-        } else if c == '=' && in_set && is_assignment(&plain[..i]) {
+        } else if c == '$' || (c == '=' && in_set && is_assignment(&plain[..i])) {
+            // a parameter, or `=` assigning a column in a SET list
             i += 1;
         } else if "=<>+-*/%^|&!~@#?".contains(c) {
             return Err(format!(

@@ -27,6 +27,7 @@ use crate::args::{self, Name};
 use crate::checkpoint;
 use crate::datum::{Jsonb, Text};
 use crate::error::Result;
+use crate::fmgr::Args;
 use crate::plan::{self, Statement, run_one};
 
 /// Upsert the row to `visible_at`, forgetting any lease on it, and notify
@@ -207,7 +208,7 @@ fn schedule(
     schedule_at(workflow, visible_at, queue)
 }
 
-/// Returns its rows through `fcinfo` (see `plan::run_as_set`).
+/// Returns its rows through the call (see `plan::run_as_set`).
 #[sql_function(
     "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
                  max integer DEFAULT 1, claim boolean DEFAULT false)
@@ -215,7 +216,7 @@ fn schedule(
     comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the new visible_at. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it)."
 )]
 fn take(
-    fcinfo: pg_sys::FunctionCallInfo,
+    call: &Args,
     queue: Option<Text>,
     lease: Option<Interval>,
     max: Option<i32>,
@@ -232,7 +233,7 @@ fn take(
         (_, true) => &TAKE_MANY_CLAIM,
     };
     plan::run_as_set(
-        fcinfo,
+        call,
         stmt,
         &[queue.into(), lease.into(), i64::from(max).into()],
     )?;

@@ -20,10 +20,10 @@
 //!
 //! Checked at compile time: the declaration labels volatility and parallel
 //! safety and says nothing about language, security or the symbol (this macro
-//! does); the SQL arguments and the Rust parameters agree in number and, by a
-//! fixed table, in type. A function whose first parameter is named `fcinfo`
-//! gets the call's `FunctionCallInfo` there (set-returning functions fill
-//! their result through it).
+//! does); the SQL arguments and the Rust parameters agree in name, number and,
+//! by a fixed table, type. A function whose first parameter is named `call`
+//! gets the call's `&fmgr::Args` there (set-returning functions fill their
+//! result through it).
 
 use proc_macro::TokenStream;
 use proc_macro2::Span;
@@ -204,8 +204,8 @@ fn expand(attr: Attr, func: ItemFn) -> syn::Result<proc_macro2::TokenStream> {
         };
         params.push((id.ident.to_string(), (*pt.ty).clone()));
     }
-    let takes_fcinfo = params.first().is_some_and(|(n, _)| n == "fcinfo");
-    let values = if takes_fcinfo {
+    let takes_call = params.first().is_some_and(|(n, _)| n == "call");
+    let values = if takes_call {
         &params[1..]
     } else {
         &params[..]
@@ -265,7 +265,7 @@ fn expand(attr: Attr, func: ItemFn) -> syn::Result<proc_macro2::TokenStream> {
     let sql = LitStr::new(&sql, Span::call_site());
     let name = LitStr::new(&symbol.to_string(), Span::call_site());
     let indexes = 0..values.len();
-    let fcinfo_arg = takes_fcinfo.then(|| quote! { args.fcinfo(), });
+    let call_arg = takes_call.then(|| quote! { args, });
 
     Ok(quote! {
         #func
@@ -287,7 +287,7 @@ fn expand(attr: Attr, func: ItemFn) -> syn::Result<proc_macro2::TokenStream> {
             // SAFETY: Postgres calls this symbol only through the CREATE
             // FUNCTION generated beside it, whose arguments this macro checked
             // against the Rust parameters, position by position.
-            unsafe { crate::fmgr::call(fcinfo, |args| #rust_fn(#fcinfo_arg #( args.get(#indexes) ),*)) }
+            unsafe { crate::fmgr::call(fcinfo, |args| #rust_fn(#call_arg #( args.get(#indexes) ),*)) }
         }
 
         ::pgrx::extension_sql!(#sql, name = #name);
