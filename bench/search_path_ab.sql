@@ -30,4 +30,5 @@ BEGIN
         (SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY x)::numeric, 2) FROM unnest(plain) x),
         (SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY x)::numeric, 2) FROM unnest(pinned) x), n;
 END $$;
+SET client_min_messages = warning;
 DROP SCHEMA bench_ab CASCADE;

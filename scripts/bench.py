@@ -95,7 +95,7 @@ def main():
                              os.path.join(ROOT, "bench", "search_path_ab.sql"), "postgres"],
                             check=True, capture_output=True, text=True)
         search_path = " ".join(line.split("NOTICE:", 1)[1].strip() for line in ab.stderr.splitlines()
-                               if "NOTICE:" in line)
+                               if "NOTICE:  search path:" in line)
         print(search_path, flush=True)
         results = {}  # (case, clients) -> {"sturdy": [rate], "base": [rate]}
         seq = {}
