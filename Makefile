@@ -38,7 +38,8 @@ demo: bootstrap
 # out-of-process suites against a scratch cluster.
 test: bootstrap
 	$(MAKE) lint
-	set -e; for v in $(VERSIONS); do $(MAKE) PG=$$v unit install-debug suites; done
+	set -e; for v in $(VERSIONS); do \
+	    env -u PG_CONFIG -u CARGO_TARGET_DIR $(MAKE) PG=$$v unit install-debug suites; done
 
 lint:
 	cargo fmt --all -- --check
