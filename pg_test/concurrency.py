@@ -9,6 +9,7 @@ Prints one line per test and a closing 'N passed, N failed'.
 import random
 import sys
 import threading
+import time
 
 import psycopg
 
@@ -91,58 +92,146 @@ def wait_notifies(conn, seconds):
     return got
 
 
-def test_notify_reaches_a_listener_only_after_commit():
+def go_idle(conn, *queues):
+    """What an idle worker does: LISTEN, then a take that finds nothing, which
+    marks the queue as having a waiter."""
+    conn.execute("LISTEN sturdy")
+    for q in queues:
+        assert conn.execute("SELECT count(*) FROM sturdy.take(%s)", (q,)).fetchone() == (0,)
+
+
+def test_notify_reaches_an_idle_listener_only_after_commit():
     with connect() as listener, connect(autocommit=False) as app:
-        listener.execute("LISTEN sturdy")
+        go_idle(listener, "mail")
         app.execute("SELECT sturdy.schedule('n-1', now(), 'mail')")
         assert wait_notifies(listener, 0.5) == [], "notified before commit"
         app.commit()
         assert wait_notifies(listener, 2.0) == [("sturdy", "mail")]
 
 
-def test_a_rolled_back_schedule_notifies_nobody():
+def test_a_rolled_back_schedule_notifies_nobody_and_keeps_the_mark():
     with connect() as listener, connect(autocommit=False) as app:
-        listener.execute("LISTEN sturdy")
-        app.execute("SELECT sturdy.schedule('n-2', now(), 'mail')")
+        go_idle(listener, "mail2")
+        app.execute("SELECT sturdy.schedule('n-2', now(), 'mail2')")
         app.rollback()
         assert wait_notifies(listener, 0.5) == []
+        app.execute("SELECT sturdy.schedule('n-3', now(), 'mail2')")
+        app.commit()
+        assert wait_notifies(listener, 2.0) == [("sturdy", "mail2")], "the mark survives a rollback"
 
 
-def test_one_notification_per_queue_per_transaction():
+def test_one_notification_per_idle_period_and_queue():
     with connect() as listener, connect(autocommit=False) as app:
-        listener.execute("LISTEN sturdy")
+        go_idle(listener, "bulk", "other", "sleepy")
         app.execute("SELECT sturdy.schedule('many-' || i, now(), 'bulk') FROM generate_series(1, 100) i")
         app.execute("SELECT sturdy.schedule('other', now(), 'other')")
         app.execute("SELECT sturdy.schedule('later', now() + interval '1 hour', 'sleepy')")
         app.commit()
         got = sorted(wait_notifies(listener, 1.0))
         assert got == [("sturdy", "bulk"), ("sturdy", "other")], got
+        # the mark is spent: more work in a busy queue notifies nobody
+        app.execute("SELECT sturdy.schedule('more', now(), 'bulk')")
+        app.commit()
+        assert wait_notifies(listener, 0.5) == []
 
 
-def test_a_listening_worker_wakes_and_takes():
-    """A worker blocked on LISTEN (no polling) is woken by a schedule in
-    another session and takes the workflow."""
+def test_no_notification_while_workers_keep_finding_work():
+    """Sustained load: 4 workers take and finish while 2 producers schedule,
+    and no take ever comes back empty, so nothing notifies (no commit waits
+    on the notification lock)."""
     with connect() as c:
-        c.execute("DELETE FROM sturdy.queue WHERE queue = 'wake'")
+        c.execute("DELETE FROM sturdy.queue_waiters WHERE queue = 'busy'")
+        c.execute("SELECT sturdy.schedule('busy-' || i, now() - interval '1 s', 'busy') FROM generate_series(1, 3000) i")
+    stop, empty, lock = threading.Event(), [], threading.Lock()
+
+    def worker():
+        with connect() as c:
+            while not stop.is_set():
+                rows = c.execute("SELECT workflow, receipt FROM sturdy.take('busy', '5 minutes', 5)").fetchall()
+                if not rows:
+                    with lock:
+                        empty.append(1)
+                for w, r in rows:
+                    c.execute("SELECT sturdy.done(%s, %s, 'busy')", (w, r))
+
+    def producer(k):
+        with connect() as c:
+            for i in range(300):
+                c.execute("SELECT sturdy.schedule(%s, now(), 'busy')", (f"new-{k}-{i}",))
+
+    with connect() as listener:
+        listener.execute("LISTEN sturdy")
+        workers = [threading.Thread(target=worker) for _ in range(4)]
+        producers = [threading.Thread(target=producer, args=(k,)) for k in range(2)]
+        for t in workers + producers:
+            t.start()
+        for t in producers:
+            t.join()
+        stop.set()
+        for t in workers:
+            t.join()
+        assert not empty, "a take came back empty: the load was not sustained"
+        got = [n for n in wait_notifies(listener, 0.5) if n[1] == "busy"]
+        assert got == [], f"{len(got)} notifications under load"
+
+
+def test_a_missed_wakeup_is_caught_by_the_poll():
+    """A schedule that raced the worker's empty take (simulated: the mark is
+    gone) sends nothing; the worker's poll interval still finds the row."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'missed'")
     result = {}
 
     def worker():
         with connect() as c:
-            c.execute("LISTEN sturdy")
+            go_idle(c, "missed")
             ready.set()
-            woken = any(n.payload == "wake" for n in c.notifies(timeout=5.0, stop_after=1))
-            # the connection is free again once the notifies() generator is done
-            if woken:
-                result["row"] = c.execute("SELECT workflow FROM sturdy.take('wake')").fetchone()
+            for _ in range(10):  # a worker loop: wait for a notification, at most 0.3 s
+                woken = any(True for _ in c.notifies(timeout=0.3, stop_after=1))
+                row = c.execute("SELECT workflow FROM sturdy.take('missed')").fetchone()
+                if row:
+                    result.update(row=row, woken=woken)
+                    return
 
     ready = threading.Event()
     t = threading.Thread(target=worker)
     t.start()
     ready.wait()
     with connect() as app:
+        app.execute("DELETE FROM sturdy.queue_waiters WHERE queue = 'missed'")
+        app.execute("SELECT sturdy.schedule('late', now(), 'missed')")
+    t.join()
+    assert result.get("row") == ("late",) and result.get("woken") is False, result
+
+
+def test_an_idle_listening_worker_wakes_at_once_and_takes():
+    """A worker whose take found nothing blocks on LISTEN (no polling) and is
+    woken by a schedule in another session within a bound, and takes it."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'wake'")
+    result = {}
+
+    def worker():
+        with connect() as c:
+            go_idle(c, "wake")
+            ready.set()
+            woken = any(n.payload == "wake" for n in c.notifies(timeout=5.0, stop_after=1))
+            result["woken_after"] = time.monotonic() - scheduled_at[0] if scheduled_at else None
+            # the connection is free again once the notifies() generator is done
+            if woken:
+                result["row"] = c.execute("SELECT workflow FROM sturdy.take('wake')").fetchone()
+
+    ready = threading.Event()
+    scheduled_at = []
+    t = threading.Thread(target=worker)
+    t.start()
+    ready.wait()
+    with connect() as app:
         app.execute("SELECT sturdy.schedule('woken', now(), 'wake')")
+        scheduled_at.append(time.monotonic())
     t.join()
     assert result.get("row") == ("woken",), result
+    assert result["woken_after"] is not None and result["woken_after"] < 1.0, result
 
 
 def main():

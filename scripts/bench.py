@@ -7,8 +7,17 @@ Each case is a pair of pgbench scripts (pg_sturdy's and a baseline) run at
 history (bench/setup.sql). After every run it reads pg_stat_user_tables and
 reports any sequential scan on a hot table: a plan gone bad shows up there.
 
+Every case runs in both commit regimes, side by side: synchronous_commit on
+(the disk's flush sets the pace) and off (the CPU does: what a server with a
+fast disk or heavy group commit sees).
+
+The batch case compares with pgmq 1.5.1, loaded from its SQL script into a
+database of its own. The script is read from PGMQ_SQL, or from a pgmq
+checkout at PGMQ_REPO (tag v1.5.1); without either, that column is skipped.
+
   scripts/bench.py            (via `make bench`)
-  BENCH_SECONDS=5 BENCH_REPS=6 BENCH_CLIENTS=1,4,16 (the defaults)
+  BENCH_SECONDS=5 BENCH_REPS=6 BENCH_CLIENTS=1,4,16 BENCH_REGIMES=on,off (the defaults)
+  BENCH_CASES=1,4             (only these cases, 1-based)
 """
 import os
 import re
@@ -26,14 +35,15 @@ HOT = ["sturdy.claims", "sturdy.checkpoints", "sturdy.queue",
        "seed.workflow_claim", "seed.workflow_checkpoint", "seed.workflow_queue"]
 
 
-def backlog(n):
-    """SQL that tops the 'bench' queues (ours and the seed's) up to n ready rows."""
-    fill = ("SELECT 'bench', 'q-' || gen_random_uuid(), now() - interval '1 second'{extra} "
-            "FROM generate_series(1, greatest(0, {n} - (SELECT count(*) FROM {t} WHERE {col} = 'bench')))")
+def backlog(n, queue="bench"):
+    """SQL that tops a queue (ours and the seed's of that name) up to n ready rows."""
+    fill = ("SELECT '{q}', 'q-' || gen_random_uuid(), now() - interval '1 second'{extra} "
+            "FROM generate_series(1, greatest(0, {n} - (SELECT count(*) FROM {t} WHERE {col} = '{q}' "
+            "AND visible_at <= now())))")
     return (f"INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
-            + fill.format(extra=", now()", n=n, t="sturdy.queue", col="queue") + "; "
+            + fill.format(q=queue, extra=", now()", n=n, t="sturdy.queue", col="queue") + "; "
             + "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
-            + fill.format(extra="", n=n, t="seed.workflow_queue", col="namespace")
+            + fill.format(q=queue, extra="", n=n, t="seed.workflow_queue", col="namespace")
             # a steady state: statistics that know the backlog is there (the
             # seed's TAKE joins back by key and degrades badly without them)
             + "; ANALYZE sturdy.queue, seed.workflow_queue")
@@ -52,9 +62,15 @@ CASES = [
          sturdy="bench/sturdy_worker_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(50000)),
     dict(name="take and done vs trivial write, transactions/s", sturdy="bench/sturdy_take_done.sql",
          base="bench/trivial_write.sql", sturdy_per=2, before=backlog(60000)),
-    dict(name="take(max => 100) + batched done, jobs/s", sturdy="bench/sturdy_batch.sql", base=None,
-         sturdy_per=100, before=backlog(600000)),
+    dict(name="job cycle: schedule + take + done vs plain INSERT + TAKE + DELETE, cycles/s",
+         sturdy="bench/sturdy_cycle.sql", base="bench/plain_cycle.sql", before=backlog(1000, "cycle")),
+    dict(name="batches of 100: take + array done vs pgmq read + delete(bigint[]), jobs/s",
+         sturdy="bench/sturdy_batch.sql", base="bench/pgmq_batch.sql", base_db="pgmq", sturdy_per=100,
+         base_per=100, before=backlog(600000), before_base="pgmq"),
 ]
+REGIMES = os.environ.get("BENCH_REGIMES", "on,off").split(",")
+PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
+PGMQ_BACKLOG = 600000
 ONLY = os.environ.get("BENCH_CASES")  # e.g. "1,2": run only these (1-based)
 
 CONN = ["-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres"]
@@ -63,10 +79,38 @@ BINDIR = subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True
 PSQL, PGBENCH = os.path.join(BINDIR, "psql"), os.path.join(BINDIR, "pgbench")
 
 
-def psql(sql):
-    out = subprocess.run([PSQL, *CONN, "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql, "postgres"],
+def psql(sql, db="postgres"):
+    out = subprocess.run([PSQL, *CONN, "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql, db],
                          check=True, capture_output=True, text=True)
     return out.stdout.strip()
+
+
+def pgmq_sql():
+    """pgmq 1.5.1's SQL-only install script, or None when it is not here."""
+    if os.environ.get("PGMQ_SQL"):
+        with open(os.environ["PGMQ_SQL"]) as f:
+            return f.read()
+    out = subprocess.run(["git", "-C", PGMQ_REPO, "show", "v1.5.1:pgmq-extension/sql/pgmq.sql"],
+                         capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
+def setup_pgmq():
+    script = pgmq_sql()
+    if script is None:
+        print("pgmq 1.5.1 not found (PGMQ_SQL, PGMQ_REPO): its column is skipped", flush=True)
+        return False
+    psql("CREATE DATABASE pgmq")
+    subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "pgmq"], input=script, text=True,
+                   check=True, capture_output=True)
+    psql("SELECT pgmq.create('bench')", "pgmq")
+    return True
+
+
+def pgmq_backlog():
+    return (f"SELECT count(*) FROM pgmq.send_batch('bench', array_fill('{{}}'::jsonb, ARRAY[greatest(0, "
+            f"{PGMQ_BACKLOG} - (SELECT count(*) FROM pgmq.q_bench WHERE vt <= now()))::int])); "
+            "ANALYZE pgmq.q_bench")
 
 
 def seq_scans():
@@ -74,14 +118,61 @@ def seq_scans():
     return {r.split("|")[0]: int(r.split("|")[1]) for r in rows.splitlines()}
 
 
-def pgbench(script, clients):
+def pgbench(script, clients, db, regime):
     cmd = [PGBENCH, *CONN, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
-           "-T", str(SECONDS), "-f", os.path.join(ROOT, script), "postgres"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+           "-T", str(SECONDS), "-f", os.path.join(ROOT, script), db]
+    env = dict(os.environ, PGOPTIONS=f"-c synchronous_commit={regime}")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"pgbench failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
     m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.stdout)
     return float(m.group(1))
+
+
+def take_plan_ab():
+    """take(max => 100)'s statement under the plan cache's own choice and under
+    a forced generic plan (what take does), 1 client, synchronous_commit off,
+    3 alternating runs each: ms per call."""
+    psql(backlog(50000, "plan"))
+    runs = {"auto": [], "force_generic_plan": []}
+    for _ in range(3):
+        for mode in runs:
+            cmd = [PGBENCH, *CONN, "-n", "-M", "prepared", "-c", "1", "-T", str(SECONDS),
+                   "-f", os.path.join(ROOT, "bench", "take_many_plan.sql"), "postgres"]
+            env = dict(os.environ, PGOPTIONS=f"-c plan_cache_mode={mode} -c synchronous_commit=off")
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+            runs[mode].append(float(re.search(r"latency average = ([0-9.]+) ms", out.stdout).group(1)))
+    return ("take(max => 100)'s statement, ms per call (median of 3): plan cache's choice (re-plans each call) "
+            f"{statistics.median(runs['auto']):.3f}, forced generic plan (as take runs it) "
+            f"{statistics.median(runs['force_generic_plan']):.3f}")
+
+
+PER_CALL = [("pg_sturdy worker pass", "bench/sturdy_worker_pass.sql", 50000),
+            ("plain worker pass", "bench/seed_worker_pass.sql", 50000),
+            ("pg_sturdy claim + record", "bench/sturdy_pass.sql", 0),
+            ("plain claim + record", "bench/seed_pass.sql", 0),
+            ("pg_sturdy job cycle", "bench/sturdy_cycle.sql", 1000),
+            ("plain job cycle", "bench/plain_cycle.sql", 1000),
+            ("trivial write", "bench/trivial_write.sql", 0)]
+
+
+def per_call():
+    """Each statement's latency (pgbench -r), 1 client, synchronous_commit off:
+    where a pass's time goes, call by call, including the round trip."""
+    lines = ["| script | statement | µs |", "|---|---|---:|"]
+    for name, script, rows in PER_CALL:
+        if rows:
+            psql(backlog(rows, "cycle" if "cycle" in script else "bench"))
+        cmd = [PGBENCH, *CONN, "-n", "-r", "-M", "prepared", "-c", "1", "-T", str(SECONDS),
+               "-f", os.path.join(ROOT, script), "postgres"]
+        env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        stmts = out.split("statement latencies in milliseconds", 1)[1].splitlines()[1:]
+        for line in stmts:
+            m = re.match(r"\s+([0-9.]+)\s+(?:[0-9]+\s+)?(.*)", line)
+            if m and not m.group(2).startswith("\\set"):
+                lines.append(f"| {name} | `{m.group(2).strip()[:90]}` | {float(m.group(1)) * 1000:.0f} |")
+    return "\n".join(lines)
 
 
 def main():
@@ -97,32 +188,42 @@ def main():
         search_path = " ".join(line.split("NOTICE:", 1)[1].strip() for line in ab.stderr.splitlines()
                                if "NOTICE:  search path:" in line)
         print(search_path, flush=True)
-        results = {}  # (case, clients) -> {"sturdy": [rate], "base": [rate]}
+        plan_ab = take_plan_ab()
+        print(plan_ab, flush=True)
+        calls = per_call()
+        print(calls, flush=True)
+        results = {}  # (case, regime, clients) -> {"sturdy": [rate], "base": [rate], "wrapper": [rate]}
         seq = {}
         cases = [c for i, c in enumerate(CASES, 1) if not ONLY or str(i) in ONLY.split(",")]
+        have_pgmq = any(c.get("base_db") == "pgmq" for c in cases) and setup_pgmq()
         for rep in range(REPS):
             for case in cases:
-                for clients in CLIENTS:
-                    # alternate which goes first, so drift favours neither
-                    order = [("sturdy", case["sturdy"], case.get("sturdy_per", 1))]
-                    if case["base"]:
-                        order.append(("base", case["base"], case.get("base_per", 1)))
-                    if case.get("wrapper"):
-                        order.append(("wrapper", case["wrapper"], case.get("base_per", 1)))
-                    if rep % 2:
-                        order.reverse()
-                    for side, script, per in order:
-                        if case.get("before"):
-                            psql(case["before"])
-                        before = seq_scans()
-                        rate = pgbench(script, clients) * per
-                        after = seq_scans()
-                        results.setdefault((case["name"], clients), {"sturdy": [], "base": [], "wrapper": []})[side].append(rate)
-                        for t in HOT:
-                            seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
-                        print(f"rep {rep + 1} {case['name'][:40]:40} {clients:3} clients {side:6} {rate:10.0f}",
-                              flush=True)
-        report(results, seq, search_path)
+                for regime in REGIMES:
+                    for clients in CLIENTS:
+                        # alternate which goes first, so drift favours neither
+                        order = [("sturdy", case["sturdy"], case.get("sturdy_per", 1), "postgres")]
+                        if case["base"] and (case.get("base_db") != "pgmq" or have_pgmq):
+                            order.append(("base", case["base"], case.get("base_per", 1),
+                                          case.get("base_db", "postgres")))
+                        if case.get("wrapper"):
+                            order.append(("wrapper", case["wrapper"], case.get("base_per", 1), "postgres"))
+                        if rep % 2:
+                            order.reverse()
+                        for side, script, per, db in order:
+                            if case.get("before"):
+                                psql(case["before"])
+                            if side == "base" and case.get("before_base") == "pgmq":
+                                psql(pgmq_backlog(), "pgmq")
+                            before = seq_scans()
+                            rate = pgbench(script, clients, db, regime) * per
+                            after = seq_scans()
+                            results.setdefault((case["name"], regime, clients),
+                                               {"sturdy": [], "base": [], "wrapper": []})[side].append(rate)
+                            for t in HOT:
+                                seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
+                            print(f"rep {rep + 1} {case['name'][:40]:40} sync {regime:3} {clients:3} clients "
+                                  f"{side:7} {rate:10.0f}", flush=True)
+        report(results, seq, search_path + "\n\n" + plan_ab + "\n\n" + calls)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
 
@@ -134,27 +235,27 @@ def fmt(xs):
 def report(results, seq, search_path):
     lines = [
         f"pgbench -M prepared, {SECONDS} s per run, {REPS} runs each (median, min..max), "
-        f"{os.cpu_count()} cores, one scratch cluster, synchronous_commit on, "
+        f"{os.cpu_count()} cores, one scratch cluster, synchronous_commit as the column says, "
         + subprocess.run([PG_CONFIG, "--version"], capture_output=True, text=True).stdout.strip(),
         "",
         "The ratio is taken within each repetition, where the two sides ran back to back",
         "(the machine drifts more between repetitions than between neighbours), then the",
         "median of those ratios, with their min..max.",
         "",
-        "| case | clients | pg_sturdy | baseline | ratio | PL/pgSQL wrapper | its ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| case | synchronous_commit | clients | pg_sturdy | baseline | ratio | PL/pgSQL wrapper | its ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
 
     def ratio(xs, base):
         rs = [a / b for a, b in zip(xs, base)]
         return f"{statistics.median(rs):.2f}x ({min(rs):.2f}..{max(rs):.2f})"
 
-    for (case, clients), r in results.items():
+    for (case, regime, clients), r in results.items():
         if not r["base"]:
-            lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | | | | |")
+            lines.append(f"| {case} | {regime} | {clients} | {fmt(r['sturdy'])} | | | | |")
             continue
         wrapper = f"{fmt(r['wrapper'])} | {ratio(r['wrapper'], r['base'])}" if r["wrapper"] else " | "
-        lines.append(f"| {case} | {clients} | {fmt(r['sturdy'])} | {fmt(r['base'])} | "
+        lines.append(f"| {case} | {regime} | {clients} | {fmt(r['sturdy'])} | {fmt(r['base'])} | "
                      f"{ratio(r['sturdy'], r['base'])} | {wrapper} |")
     lines += ["", "Sequential scans on hot tables during the runs: "
               + ", ".join(f"{t} {n}" for t, n in seq.items()), "", search_path]

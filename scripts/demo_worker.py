@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The demo's second act: a worker that sleeps on LISTEN instead of polling.
 
-A workflow is scheduled; the worker, blocked on `LISTEN sturdy`, wakes, takes
-it with a claim, records two steps and suspends itself with wake_at until an
+The worker's take finds nothing, which tells pg_sturdy a worker waits on the
+queue; a workflow is scheduled and its NOTIFY wakes the worker (blocked on
+`LISTEN sturdy`), which takes it with a claim, records two steps and suspends itself with wake_at until an
 approval arrives. The approval comes through arrive (value and wakeup in one
 commit); the NOTIFY wakes the worker, which finishes the workflow with done.
 
@@ -49,20 +50,24 @@ def one_pass(c, workflow, receipt, token):
 def worker(listening, finished):
     with psycopg.connect(DSN, autocommit=True) as c:
         c.execute("LISTEN sturdy")
-        listening.set()
         while not finished.is_set():
-            say("worker", "idle, blocked on LISTEN sturdy (no polling)")
-            woken = [n.payload for n in c.notifies(timeout=10, stop_after=1)]
-            if not woken:
-                say("worker", "no wakeup in 10 s; giving up")
-                return
-            say("worker", f"woken: NOTIFY sturdy, '{woken[0]}'")
             while rows := c.execute(
                 "SELECT workflow, receipt, token FROM sturdy.take(%s, '30 seconds', 10, claim => true)", (QUEUE,)
             ).fetchall():
                 for workflow, receipt, token in rows:
                     if one_pass(c, workflow, receipt, token):
                         finished.set()
+            if finished.is_set():
+                return
+            # the take that found nothing told pg_sturdy a worker is waiting on
+            # this queue: the next schedule there sends one NOTIFY
+            say("worker", "queue empty: idle, blocked on LISTEN sturdy (a real worker also polls)")
+            listening.set()
+            woken = [n.payload for n in c.notifies(timeout=10, stop_after=1)]
+            if not woken:
+                say("worker", "no wakeup in 10 s; giving up")
+                return
+            say("worker", f"woken: NOTIFY sturdy, '{woken[0]}'")
 
 
 def main():

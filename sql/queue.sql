@@ -26,6 +26,20 @@ COMMENT ON COLUMN sturdy.queue.taken_at IS
 COMMENT ON COLUMN sturdy.queue.takes IS 'How many times take has handed it out (a row taken again and again is a workflow that keeps failing).';
 COMMENT ON COLUMN sturdy.queue.scheduled_at IS 'When schedule or arrive last wrote it.';
 
+-- Which queues have a worker waiting: a take that found nothing leaves a mark,
+-- and the next schedule that makes a row ready there removes it and sends the
+-- one NOTIFY. No mark, no NOTIFY: a busy system never commits under the
+-- notification lock. Unlogged and not kept by pg_dump: it is a hint about
+-- sessions that exist now, and after a crash or a restore workers poll.
+CREATE UNLOGGED TABLE sturdy.queue_waiters (
+    queue text        COLLATE "C" PRIMARY KEY,
+    since timestamptz NOT NULL
+);
+COMMENT ON TABLE sturdy.queue_waiters IS
+    'Queues with an idle worker: set by a take that found nothing, cleared (with one NOTIFY sturdy) by the next schedule, arrive or due wake_at there.';
+COMMENT ON COLUMN sturdy.queue_waiters.queue IS 'The queue a worker found empty.';
+COMMENT ON COLUMN sturdy.queue_waiters.since IS 'When the first take found it empty since the last notification.';
+
 CREATE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
 SELECT queue,
        count(*) FILTER (WHERE visible_at <= now())                          AS ready,

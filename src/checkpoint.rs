@@ -53,6 +53,7 @@ static RECORD: Statement = Statement {
         pg_sys::INT8OID,
     ],
     writes: true,
+    generic: false,
 };
 
 static SUPPLY: Statement = Statement {
@@ -62,6 +63,7 @@ static SUPPLY: Statement = Statement {
           RETURNING cp.value",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
     writes: true,
+    generic: false,
 };
 
 static LOAD: Statement = Statement {
@@ -69,6 +71,7 @@ static LOAD: Statement = Statement {
            WHERE workflow OPERATOR(pg_catalog.=) $1 ORDER BY recorded_at, step",
     args: &[pg_sys::TEXTOID],
     writes: false,
+    generic: false,
 };
 
 /// Fence and existence check in one statement: lock the claim row, and read
@@ -82,6 +85,7 @@ static TRANSACT_FENCE: Statement = Statement {
              FOR UPDATE OF c",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
     writes: true,
+    generic: false,
 };
 
 /// Record the effect's result unless somebody (only `supply` can) got there
@@ -98,6 +102,7 @@ static TRANSACT_WRITE: Statement = Statement {
         pg_sys::INT8OID,
     ],
     writes: true,
+    generic: false,
 };
 
 static TRANSACT_READ: Statement = Statement {
@@ -106,6 +111,7 @@ static TRANSACT_READ: Statement = Statement {
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
     // read-write so it takes a fresh snapshot and sees the `supply` that won
     writes: true,
+    generic: false,
 };
 
 /// The unfenced first-writer-wins write, for validated arguments: the value

@@ -34,6 +34,7 @@ static CLAIM: Statement = Statement {
           RETURNING held.token",
     args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
     writes: true,
+    generic: false,
 };
 
 static RENEW: Statement = Statement {
@@ -43,6 +44,7 @@ static RENEW: Statement = Statement {
           RETURNING held_until",
     args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INTERVALOID],
     writes: true,
+    generic: false,
 };
 
 static RELEASE: Statement = Statement {
@@ -52,6 +54,7 @@ static RELEASE: Statement = Statement {
           RETURNING true",
     args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
     writes: true,
+    generic: false,
 };
 
 /// Lock the claim row and read its token.
@@ -59,6 +62,7 @@ static FENCE: Statement = Statement {
     sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
     args: &[pg_sys::TEXTOID],
     writes: true,
+    generic: false,
 };
 
 /// The current token, unlocked: only read to explain a refusal.
@@ -66,6 +70,7 @@ static CURRENT: Statement = Statement {
     sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1",
     args: &[pg_sys::TEXTOID],
     writes: true,
+    generic: false,
 };
 
 /// Compare a pass's token with the workflow's current one (read under lock).

@@ -102,3 +102,63 @@ impl IntoDatum for Jsonb {
         pg_sys::JSONBOID
     }
 }
+
+/// A one-dimensional array argument, passed through whole; only its length is
+/// read here (the statement unnests it).
+macro_rules! array_type {
+    ($(#[$doc:meta])* $name:ident, $oid:expr) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name(pg_sys::Datum);
+
+        impl $name {
+            /// The number of elements, or `None` for an array of more than one
+            /// dimension.
+            pub fn elements(&self) -> Option<usize> {
+                // SAFETY: the datum is a detoasted array (from_polymorphic_datum);
+                // its dimensions follow the fixed header, `ndim` of them.
+                unsafe {
+                    let array = self.0.cast_mut_ptr::<pg_sys::ArrayType>();
+                    let ndim = (*array).ndim;
+                    let dims = array.cast::<u8>().add(std::mem::size_of::<pg_sys::ArrayType>()).cast::<i32>();
+                    match ndim {
+                        0 => Some(0),
+                        1 => Some(pg_sys::ArrayGetNItems(ndim, dims) as usize),
+                        _ => None,
+                    }
+                }
+            }
+        }
+
+        impl FromDatum for $name {
+            unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+                if is_null {
+                    return None;
+                }
+                // SAFETY: a non-null array datum points at a varlena, possibly toasted.
+                let plain = unsafe { pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) };
+                Some($name(pg_sys::Datum::from(plain)))
+            }
+        }
+
+        impl IntoDatum for $name {
+            fn into_datum(self) -> Option<pg_sys::Datum> {
+                Some(self.0)
+            }
+            fn type_oid() -> pg_sys::Oid {
+                $oid
+            }
+        }
+    };
+}
+
+array_type!(
+    /// A `text[]` argument.
+    TextArray,
+    pg_sys::TEXTARRAYOID
+);
+array_type!(
+    /// A `timestamptz[]` argument.
+    TimestampArray,
+    pg_sys::TIMESTAMPTZARRAYOID
+);

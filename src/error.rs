@@ -22,6 +22,13 @@ pub enum Error {
     /// A lease, count or size that must be positive was not. For an interval
     /// that means `now() + it` is not after `now()`, as the server adds it.
     NotPositive { arg: &'static str, got: String },
+    /// An argument of the right type whose value cannot be used (two arrays
+    /// of different lengths, a multi-dimensional array).
+    Invalid {
+        arg: &'static str,
+        why: String,
+        hint: &'static str,
+    },
     /// The pass's token is not the workflow's current claim (or there is none).
     Fenced {
         workflow: String,
@@ -61,6 +68,7 @@ impl Error {
             Error::Empty { .. }
             | Error::TooLong { .. }
             | Error::NotPositive { .. }
+            | Error::Invalid { .. }
             | Error::EffectSignature { .. }
             | Error::EffectWroteStep { .. } => *b"22023",
             Error::EffectNotPermitted { .. } => *b"42501",
@@ -89,6 +97,7 @@ impl Error {
             Error::NotPositive { arg, .. } => {
                 format!("Pass a {arg} greater than zero (for an interval: now() + {arg} must be later than now()).")
             }
+            Error::Invalid { hint, .. } => (*hint).into(),
             Error::Fenced { current: None, .. } => {
                 "Claim the workflow with sturdy.claim first and pass the token it returns. Nothing was written.".into()
             }
@@ -133,6 +142,7 @@ impl fmt::Display for Error {
                 )
             }
             Error::NotPositive { arg, got } => write!(f, "{arg} must be positive, got {got}"),
+            Error::Invalid { arg, why, .. } => write!(f, "{arg} {why}"),
             Error::Fenced {
                 workflow,
                 token,

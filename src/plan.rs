@@ -40,6 +40,12 @@ pub struct Statement {
     /// Writes (or locks) rows: run read-write. Read-only statements run on the
     /// caller's snapshot, as a `STABLE` function's queries should.
     pub writes: bool,
+    /// Always run the generic plan (`CURSOR_OPT_GENERIC_PLAN`), for a statement
+    /// whose custom plans would never lose to it on estimates alone: `LIMIT $3`
+    /// makes the planner cost a generic plan for 10% of the table, so the plan
+    /// cache re-plans on every call (~0.15 ms) though the generic plan is the
+    /// same index scan. Only with [`run_as_set`], and only for writes.
+    pub generic: bool,
 }
 
 thread_local! {
@@ -47,6 +53,9 @@ thread_local! {
     // out `&'static` lets a statement run without holding this borrow, so a
     // caller's effect may call back into pg_sturdy.
     static PLANS: RefCell<HashMap<usize, &'static OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    // Generic-plan statements, kept with SPI_keepplan (pgrx's prepare takes no
+    // cursor options), likewise for the backend's life.
+    static GENERIC_PLANS: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
 }
 
 impl Statement {
@@ -71,6 +80,46 @@ impl Statement {
         };
         let plan: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
         PLANS.with(|p| p.borrow_mut().insert(key, plan));
+        Ok(plan)
+    }
+
+    /// The kept generic plan, prepared on first use (inside an SPI connection).
+    fn generic_plan(&'static self) -> Result<pg_sys::SPIPlanPtr> {
+        let key = self as *const Statement as usize;
+        if let Some(plan) = GENERIC_PLANS.with(|p| p.borrow().get(&key).copied()) {
+            return Ok(plan as pg_sys::SPIPlanPtr);
+        }
+        if cfg!(debug_assertions)
+            && let Err(why) = lint(self.sql)
+        {
+            return Err(Error::Internal {
+                context: "statement lint",
+                cause: format!("{why} in: {}", self.sql),
+            });
+        }
+        let sql = std::ffi::CString::new(self.sql).map_err(|_| Error::Internal {
+            context: "statement",
+            cause: "a NUL byte in the SQL".into(),
+        })?;
+        let mut types = self.args.to_vec();
+        // SAFETY: called inside an SPI connection (run_as_set opens one); the
+        // plan is kept in the top memory context and never freed.
+        let plan = unsafe {
+            let plan = pg_sys::SPI_prepare_cursor(
+                sql.as_ptr(),
+                types.len() as i32,
+                types.as_mut_ptr(),
+                pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+            );
+            if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
+                return Err(Error::Internal {
+                    context: "SPI_prepare_cursor",
+                    cause: format!("SPI_result {}", { pg_sys::SPI_result }),
+                });
+            }
+            plan
+        };
+        GENERIC_PLANS.with(|p| p.borrow_mut().insert(key, plan as usize));
         Ok(plan)
     }
 
@@ -107,47 +156,79 @@ pub fn run_as_set(
     stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
 ) -> Result<usize> {
+    if !stmt.generic {
+        return run_one(stmt, args, |_| fill_result(call));
+    }
+    Spi::connect(|_| {
+        let plan = stmt.generic_plan()?;
+        let values: Vec<pg_sys::Datum> = args
+            .iter()
+            .map(|a| {
+                a.datum()
+                    .map_or(pg_sys::Datum::from(0), |d| d.sans_lifetime())
+            })
+            .collect();
+        let nulls: Vec<std::ffi::c_char> = args
+            .iter()
+            .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
+            .collect();
+        // SAFETY: `plan` was prepared for exactly these argument types (the
+        // statement's), inside the SPI connection this closure runs in.
+        let rc = unsafe {
+            pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
+        };
+        if rc < 0 {
+            return Err(Error::Internal {
+                context: "SPI_execute_plan",
+                cause: format!("SPI error {rc}"),
+            });
+        }
+        fill_result(call)
+    })
+}
+
+/// Copy the rows of the statement just run (SPI_tuptable) into the result of
+/// the set-returning function `call`.
+fn fill_result(call: &Args) -> Result<usize> {
     let fcinfo = call.fcinfo();
-    run_one(stmt, args, |t| {
-        let rows = t.len();
-        // SAFETY: `fcinfo` is the live call (`Args` exists only inside one) of a set-returning function
-        // (InitMaterializedSRF checks that the caller accepts a tuplestore and
-        // raises if not). SPI_tuptable is the result of the statement `t`
-        // wraps, valid until the connection closes after this closure; each of
-        // its `rows` tuples is deformed with its own descriptor and copied into
-        // the tuplestore, which lives in the caller's per-query memory.
-        unsafe {
-            pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
-            let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
-            let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
-            let table = pg_sys::SPI_tuptable;
-            if table.is_null() {
-                return Err(Error::Internal {
-                    context: "set-returning function",
-                    cause: "the statement returned no rows".into(),
-                });
-            }
-            let from = (*table).tupdesc;
-            let natts = (*desc).natts;
-            let same_shape = (*from).natts == natts
-                && (1..=natts)
-                    .all(|i| pg_sys::SPI_gettypeid(from, i) == pg_sys::SPI_gettypeid(desc, i));
-            if !same_shape {
-                return Err(Error::Internal {
-                    context: "set-returning function",
-                    cause: "the statement's columns do not match the declared result".into(),
-                });
-            }
-            let mut values = vec![pg_sys::Datum::from(0); natts as usize];
-            let mut nulls = vec![false; natts as usize];
-            for i in 0..rows {
-                let tuple = *(*table).vals.add(i);
-                pg_sys::heap_deform_tuple(tuple, from, values.as_mut_ptr(), nulls.as_mut_ptr());
-                pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-            }
+    // SAFETY: `fcinfo` is the live call (`Args` exists only inside one) of a
+    // set-returning function (InitMaterializedSRF checks that the caller
+    // accepts a tuplestore and raises if not). SPI_tuptable is the result of
+    // the statement just run in the SPI connection still open around us; each
+    // of its SPI_processed tuples is deformed with its own descriptor and
+    // copied into the tuplestore, which lives in the caller's per-query memory.
+    unsafe {
+        pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+        let table = pg_sys::SPI_tuptable;
+        if table.is_null() {
+            return Err(Error::Internal {
+                context: "set-returning function",
+                cause: "the statement returned no rows".into(),
+            });
+        }
+        let rows = pg_sys::SPI_processed as usize;
+        let from = (*table).tupdesc;
+        let natts = (*desc).natts;
+        let same_shape = (*from).natts == natts
+            && (1..=natts)
+                .all(|i| pg_sys::SPI_gettypeid(from, i) == pg_sys::SPI_gettypeid(desc, i));
+        if !same_shape {
+            return Err(Error::Internal {
+                context: "set-returning function",
+                cause: "the statement's columns do not match the declared result".into(),
+            });
+        }
+        let mut values = vec![pg_sys::Datum::from(0); natts as usize];
+        let mut nulls = vec![false; natts as usize];
+        for i in 0..rows {
+            let tuple = *(*table).vals.add(i);
+            pg_sys::heap_deform_tuple(tuple, from, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         }
         Ok(rows)
-    })
+    }
 }
 
 /// The first column of the first row, or `None` when there is no row (or it

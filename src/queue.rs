@@ -15,9 +15,20 @@
 //! plan is chosen (a `SKIP LOCKED` sub-select rescanned on the inner side of
 //! a join would lease different rows on every rescan).
 //!
-//! Idle workers need not poll: a schedule that makes a workflow ready now
-//! sends `NOTIFY sturdy, '<queue>'`, delivered at commit (and dropped with a
-//! rollback; Postgres itself folds repeats within a transaction into one).
+//! Idle workers need not poll, and busy ones pay nothing for that. PostgreSQL
+//! commits a transaction that sent `NOTIFY` under one cluster-wide lock held
+//! through its WAL flush, so notifying on every schedule would make a busy
+//! system commit its schedules one at a time. Instead a worker says it is idle
+//! by the `take` that found nothing: that take leaves a mark for its queue
+//! (`sturdy.queue_waiters`). A schedule (or `arrive`, or a `wake_at` that is
+//! already due) that makes a row ready removes the mark and, only if it found
+//! one, sends `NOTIFY sturdy, '<queue>'`, delivered at commit (dropped with a
+//! rollback). While workers keep finding work there is no mark and no
+//! notification. The guarantee: a schedule that starts after an empty take
+//! committed wakes the workers listening on that queue; one that ran
+//! concurrently with the empty take may miss it, and the worker's own poll
+//! interval bounds that delay (as it bounds a deadline passing, which wakes
+//! nobody).
 
 use pg_sturdy_macros::sql_function;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -25,23 +36,28 @@ use pgrx::pg_sys;
 
 use crate::args::{self, Name};
 use crate::checkpoint;
-use crate::datum::{Jsonb, Text};
-use crate::error::Result;
+use crate::datum::{Jsonb, Text, TextArray, TimestampArray};
+use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Statement, run_one};
+use crate::plan::{self, Statement, first_value, run_one};
 
-/// Upsert the row to `visible_at`, forgetting any lease on it, and notify
-/// listeners when it is ready now.
+/// Upsert the row to `visible_at`, forgetting any lease on it; when it is
+/// ready now and a worker said it is idle, clear that mark and notify.
 static SCHEDULE: Statement = Statement {
     sql: "WITH scheduled AS (
               INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
               VALUES ($3, $1, $2, NULL, pg_catalog.now())
               ON CONFLICT (queue, workflow) DO UPDATE
                  SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at
-              RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
-          SELECT pg_catalog.pg_notify('sturdy', $3) FROM scheduled WHERE ready",
+              RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready),
+          woken AS (
+              DELETE FROM sturdy.queue_waiters w
+               WHERE w.queue OPERATOR(pg_catalog.=) $3 AND EXISTS (SELECT FROM scheduled WHERE ready)
+              RETURNING w.queue)
+          SELECT pg_catalog.pg_notify('sturdy', $3) FROM woken",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
+    generic: false,
 };
 
 // `take`: lease the oldest ready rows; the new `visible_at` is the receipt.
@@ -58,9 +74,10 @@ static SCHEDULE: Statement = Statement {
 // Two shapes. For `max => 1`, a worker's usual call, the row is picked by an
 // uncorrelated scalar subquery (an InitPlan: evaluated once, like the
 // materialized CTE) and updated through its `ctid`: the smallest plan, and a
-// generic one. For batches the `LIMIT $3` parameter makes the generic plan's
-// estimate assume a big batch, so the plan cache re-plans per call; that
-// cost (~0.15 ms, measured) is spread over the batch.
+// generic one. For batches, `LIMIT $3` makes the planner cost the generic plan
+// for a tenth of the table, so the plan cache would re-plan every call
+// (~0.15 ms); these two always run their generic plan (`generic: true`), the
+// same index scan on (queue, visible_at) a custom plan picks.
 
 const TAKE_ARGS: &[pg_sys::Oid] = &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID];
 
@@ -79,6 +96,7 @@ static TAKE_ONE: Statement = Statement {
           SELECT workflow, visible_at, NULL::bigint FROM taken",
     args: TAKE_ARGS,
     writes: true,
+    generic: false,
 };
 
 static TAKE_ONE_CLAIM: Statement = Statement {
@@ -104,6 +122,7 @@ static TAKE_ONE_CLAIM: Statement = Statement {
           SELECT t.workflow, t.visible_at, (SELECT token FROM claimed) FROM taken t",
     args: TAKE_ARGS,
     writes: true,
+    generic: false,
 };
 
 static TAKE_MANY: Statement = Statement {
@@ -124,6 +143,7 @@ static TAKE_MANY: Statement = Statement {
            ORDER BY d.visible_at",
     args: TAKE_ARGS,
     writes: true,
+    generic: true,
 };
 
 static TAKE_MANY_CLAIM: Statement = Statement {
@@ -153,6 +173,31 @@ static TAKE_MANY_CLAIM: Statement = Statement {
            ORDER BY d.visible_at",
     args: TAKE_ARGS,
     writes: true,
+    generic: true,
+};
+
+/// A take that found nothing: its worker is about to wait, so the next
+/// schedule that makes a row ready in this queue should notify.
+static MARK_IDLE: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue_waiters (queue, since) VALUES ($1, pg_catalog.now())
+          ON CONFLICT (queue) DO NOTHING",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
+static DONE_MANY: Statement = Statement {
+    sql: "WITH gone AS (
+              DELETE FROM sturdy.queue q
+               USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
+               WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+                 AND q.visible_at OPERATOR(pg_catalog.=) d.receipt
+              RETURNING 1)
+          SELECT pg_catalog.count(*) FROM gone",
+    args: &[pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZARRAYOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
 };
 
 static DONE: Statement = Statement {
@@ -162,17 +207,23 @@ static DONE: Statement = Statement {
           RETURNING true",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
+    generic: false,
 };
 
 /// Suspend until `at` under the receipt rule; a wakeup that landed meanwhile
-/// wins (it is sooner, and the deadline lives in the checkpoints anyway).
+/// wins (it is sooner, and the deadline lives in the checkpoints anyway). An
+/// `at` already due wakes idle workers as a schedule does.
 static WAKE_AT: Statement = Statement {
-    sql: "WITH woken AS (
+    sql: "WITH moved AS (
               UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL
                WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.=) $2
-              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
-          SELECT ready, CASE WHEN ready THEN pg_catalog.pg_notify('sturdy', $4) END FROM woken",
+              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready),
+          woken AS (
+              DELETE FROM sturdy.queue_waiters w
+               WHERE w.queue OPERATOR(pg_catalog.=) $4 AND EXISTS (SELECT FROM moved WHERE ready)
+              RETURNING w.queue)
+          SELECT true, (SELECT pg_catalog.pg_notify('sturdy', $4) FROM woken) FROM moved",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::TIMESTAMPTZOID,
@@ -180,6 +231,7 @@ static WAKE_AT: Statement = Statement {
         pg_sys::TEXTOID,
     ],
     writes: true,
+    generic: false,
 };
 
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
@@ -232,11 +284,14 @@ fn take(
         (_, false) => &TAKE_MANY,
         (_, true) => &TAKE_MANY_CLAIM,
     };
-    plan::run_as_set(
+    let rows = plan::run_as_set(
         call,
         stmt,
         &[queue.into(), lease.into(), i64::from(max).into()],
     )?;
+    if rows == 0 {
+        run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+    }
     Ok(())
 }
 
@@ -258,6 +313,53 @@ fn done(
         &[workflow.into(), receipt.into(), queue.into()],
         |t| Ok(!t.is_empty()),
     )
+}
+
+#[sql_function(
+    "sturdy.done(workflows text[], receipts timestamptz[], queue text DEFAULT 'default')
+     RETURNS bigint VOLATILE PARALLEL UNSAFE",
+    comment = "done for a batch in one statement: removes each workflow whose receipt (same position) still matches, and returns how many were removed. NULL elements match nothing."
+)]
+fn done_many(
+    workflows: Option<TextArray>,
+    receipts: Option<TimestampArray>,
+    queue: Option<Text>,
+) -> Result<i64> {
+    let workflows = args::required("workflows", workflows)?;
+    let receipts = args::required("receipts", receipts)?;
+    let queue = args::name("queue", queue)?;
+    let one_dimension =
+        "Pass one-dimensional arrays: the workflows and, at the same positions, their receipts.";
+    match (workflows.elements(), receipts.elements()) {
+        (Some(w), Some(r)) if w == r => {}
+        (Some(w), Some(r)) => {
+            return Err(Error::Invalid {
+                arg: "receipts",
+                why: format!("has {r} elements and workflows {w}"),
+                hint: one_dimension,
+            });
+        }
+        (None, _) => {
+            return Err(Error::Invalid {
+                arg: "workflows",
+                why: "must be one-dimensional".into(),
+                hint: one_dimension,
+            });
+        }
+        (_, None) => {
+            return Err(Error::Invalid {
+                arg: "receipts",
+                why: "must be one-dimensional".into(),
+                hint: one_dimension,
+            });
+        }
+    }
+    run_one(
+        &DONE_MANY,
+        &[workflows.into(), receipts.into(), queue.into()],
+        first_value::<i64>,
+    )
+    .map(|n| n.unwrap_or(0))
 }
 
 #[sql_function(
@@ -539,7 +641,7 @@ mod tests {
                 "SELECT * FROM sturdy.take('q', '1 minute', 1, NULL)",
                 "22004",
             ),
-            ("SELECT sturdy.done('w', NULL)", "22004"),
+            ("SELECT sturdy.done('w', NULL::timestamptz)", "22004"),
             ("SELECT sturdy.done('', now())", "22023"),
             ("SELECT sturdy.wake_at('w', now(), NULL)", "22004"),
             ("SELECT sturdy.wake_at('w', NULL, now())", "22004"),
@@ -551,5 +653,118 @@ mod tests {
         }
         assert_eq!(count("sturdy.queue"), 0);
         assert_eq!(count("sturdy.checkpoints"), 0);
+    }
+
+    #[pg_test]
+    fn done_for_a_batch_removes_the_rows_whose_receipts_match() {
+        Spi::run(
+            "SELECT sturdy.schedule('b' || i, now() - i * interval '1 second', 'batch') FROM generate_series(1, 5) i;
+             CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('batch', max => 5);
+             SELECT sturdy.schedule('b3', now(), 'batch');",
+        )
+        .unwrap();
+        // b3 was rescheduled during the pass: it stays; a NULL pair matches nothing
+        let removed = one::<i64>(
+            "SELECT sturdy.done(array_agg(workflow) || NULL::text, array_agg(receipt) || NULL::timestamptz, 'batch') FROM t",
+        );
+        assert_eq!(removed, Some(4));
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(workflow, ',') FROM sturdy.queue WHERE queue = 'batch'"
+            )
+            .as_deref(),
+            Some("b3")
+        );
+        assert_eq!(
+            one::<i64>("SELECT sturdy.done('{}'::text[], '{}'::timestamptz[], 'batch')"),
+            Some(0)
+        );
+        // with two forms of done, a literal receipt says its type
+        assert_eq!(
+            one::<bool>("SELECT sturdy.done('b3', '2000-01-01'::timestamptz, 'batch')"),
+            Some(false)
+        );
+    }
+
+    #[pg_test]
+    fn done_for_a_batch_refuses_bad_arrays_and_removes_nothing() {
+        Spi::run("SELECT sturdy.schedule('x', now(), 'batch'); CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('batch');")
+            .unwrap();
+        for (sql, state) in [
+            ("SELECT sturdy.done(NULL::text[], ARRAY[now()])", "22004"),
+            (
+                "SELECT sturdy.done(ARRAY['x'], NULL::timestamptz[])",
+                "22004",
+            ),
+            (
+                "SELECT sturdy.done(ARRAY['x'], ARRAY[now()], NULL)",
+                "22004",
+            ),
+            ("SELECT sturdy.done(ARRAY['x'], ARRAY[now()], '')", "22023"),
+            (
+                "SELECT sturdy.done(ARRAY['x', 'y'], (SELECT array_agg(receipt) FROM t), 'batch')",
+                "22023",
+            ),
+            (
+                "SELECT sturdy.done(ARRAY[['x']], (SELECT array_agg(receipt) FROM t), 'batch')",
+                "22023",
+            ),
+            (
+                "SELECT sturdy.done(ARRAY['x'], ARRAY[[now()]], 'batch')",
+                "22023",
+            ),
+        ] {
+            assert_eq!(sqlstate_of(sql), state, "{sql}");
+        }
+        assert_eq!(count("sturdy.queue"), 1);
+    }
+
+    /// The wakeup rule: an empty take marks its queue as having a waiter; the
+    /// next schedule that makes a row ready there clears it (and notifies);
+    /// schedules for later, and schedules with no waiter, leave it alone.
+    #[pg_test]
+    fn an_empty_take_marks_a_waiter_and_a_ready_schedule_clears_it() {
+        let marked = |q: &str| {
+            one::<bool>(&format!(
+                "SELECT EXISTS (SELECT FROM sturdy.queue_waiters WHERE queue = '{q}')"
+            ))
+        };
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('idle', max => 3)"),
+            Some(0)
+        );
+        assert_eq!(marked("idle"), Some(true));
+        Spi::run("SELECT sturdy.schedule('later', now() + interval '1 hour', 'idle')").unwrap();
+        assert_eq!(
+            marked("idle"),
+            Some(true),
+            "a schedule for later wakes nobody"
+        );
+        Spi::run("SELECT sturdy.schedule('now', now(), 'idle')").unwrap();
+        assert_eq!(marked("idle"), Some(false));
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('idle')"),
+            Some(1)
+        );
+        assert_eq!(
+            marked("idle"),
+            Some(false),
+            "a take that found work marks nothing"
+        );
+        // wake_at with a deadline already due clears the mark like a schedule
+        Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('idle2'); SELECT sturdy.schedule('w', now(), 'idle2')")
+            .unwrap();
+        Spi::run("DROP TABLE t; CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('idle2')")
+            .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('idle2')"),
+            Some(0)
+        );
+        assert_eq!(marked("idle2"), Some(true));
+        assert_eq!(
+            one::<bool>("SELECT sturdy.wake_at(workflow, receipt, now(), 'idle2') FROM t"),
+            Some(true)
+        );
+        assert_eq!(marked("idle2"), Some(false));
     }
 }

@@ -22,10 +22,10 @@ SELECT c.oid::regclass AS kept_by_pg_dump, c.relkind, e.cond AS filter
        unnest(x.extconfig, x.extcondition) AS e(rel, cond)
   JOIN pg_class c ON c.oid = e.rel
  WHERE x.extname = 'pg_sturdy'
- ORDER BY 1::text;
+ ORDER BY 1;
 
 SELECT c.oid::regclass AS relation, c.relkind, c.relacl AS acl,
        obj_description(c.oid, 'pg_class') AS comment
   FROM pg_class c
  WHERE c.relnamespace = 'sturdy'::regnamespace AND c.relkind IN ('r', 'v', 'S')
- ORDER BY 1::text;
+ ORDER BY 1;
