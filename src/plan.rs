@@ -59,11 +59,9 @@ thread_local! {
 }
 
 impl Statement {
-    fn plan(&'static self, client: &SpiClient<'_>) -> Result<&'static OwnedPreparedStatement> {
-        let key = self as *const Statement as usize;
-        if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).copied()) {
-            return Ok(plan);
-        }
+    /// Debug builds refuse a statement a `search_path` could reach ([`lint`]),
+    /// once per backend, as it is prepared.
+    fn lint_in_debug_builds(&self) -> Result<()> {
         if cfg!(debug_assertions)
             && let Err(why) = lint(self.sql)
         {
@@ -72,6 +70,15 @@ impl Statement {
                 cause: format!("{why} in: {}", self.sql),
             });
         }
+        Ok(())
+    }
+
+    fn plan(&'static self, client: &SpiClient<'_>) -> Result<&'static OwnedPreparedStatement> {
+        let key = self as *const Statement as usize;
+        if let Some(plan) = PLANS.with(|p| p.borrow().get(&key).copied()) {
+            return Ok(plan);
+        }
+        self.lint_in_debug_builds()?;
         let types: Vec<PgOid> = self.args.iter().map(|&oid| PgOid::from(oid)).collect();
         let prepared = if self.writes {
             client.prepare_mut(self.sql, &types)?
@@ -89,14 +96,7 @@ impl Statement {
         if let Some(plan) = GENERIC_PLANS.with(|p| p.borrow().get(&key).copied()) {
             return Ok(plan as pg_sys::SPIPlanPtr);
         }
-        if cfg!(debug_assertions)
-            && let Err(why) = lint(self.sql)
-        {
-            return Err(Error::Internal {
-                context: "statement lint",
-                cause: format!("{why} in: {}", self.sql),
-            });
-        }
+        self.lint_in_debug_builds()?;
         let sql = std::ffi::CString::new(self.sql).map_err(|_| Error::Internal {
             context: "statement",
             cause: "a NUL byte in the SQL".into(),

@@ -247,7 +247,7 @@ pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Nam
 #[sql_function(
     "sturdy.schedule(workflow text, visible_at timestamptz DEFAULT now(), queue text DEFAULT 'default')
      RETURNS void VOLATILE PARALLEL UNSAFE",
-    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done). When visible now, NOTIFY sturdy with the queue name, delivered at commit."
+    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done). When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit."
 )]
 fn schedule(
     workflow: Option<Text>,
@@ -265,7 +265,7 @@ fn schedule(
     "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
                  max integer DEFAULT 1, claim boolean DEFAULT false)
      RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10",
-    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the new visible_at. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it)."
+    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the new visible_at. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies."
 )]
 fn take(
     call: &Args,
@@ -365,7 +365,7 @@ fn done_many(
 #[sql_function(
     "sturdy.wake_at(workflow text, receipt timestamptz, at timestamptz, queue text DEFAULT 'default')
      RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "Suspend the workflow until at, under the same receipt rule as done (a wakeup that landed meanwhile wins). NOTIFY when at is already past."
+    comment = "Suspend the workflow until at, under the same receipt rule as done (a wakeup that landed meanwhile wins). When at is already past, wakes a waiting worker as schedule does."
 )]
 fn wake_at(
     workflow: Option<Text>,
