@@ -8,8 +8,10 @@ reports (bench/README.md keeps the figures).
 Each call is run twice in its own single-user backend, 200 times and 1,200
 times (different keys); the difference divided by 1,000 is the cost of one
 call with everything the backend does once (start-up, catalog caches, the
-first plan) taken out. Every statement is its own transaction, committed
-with fsync off.
+first plan) taken out. Both sides run as prepared statements (PREPARE once,
+EXECUTE per call), as `pgbench -M prepared` and pooled drivers do; every
+EXECUTE is its own transaction, committed with fsync off. `done` reads its
+receipt with a sub-select on both sides.
 
   scripts/instructions.py      (via `make instructions`; PG=18 for the other version)
 """
@@ -25,39 +27,48 @@ PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_co
 BINDIR = subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True, text=True).stdout.strip()
 SMALL, LARGE = 200, 1200
 
-# call, pg_sturdy statement, the plain statement, for key i; in this order,
-# since each call works on what the ones before it left (claims to record
+# call, then for pg_sturdy and for the plain statement: the statement as a
+# PREPARE (so both sides run cached plans, as `pgbench -M prepared` and any
+# driver with prepared statements do) and its EXECUTE for key i. In this
+# order: each call works on what the ones before it left (claims to record
 # under, rows to take and finish).
 CASES = [
     ("claim",
-     "SELECT sturdy.claim('i-{i}', '1 minute');",
-     "INSERT INTO seed.workflow_claim AS held (workflow, token, held_until) "
-     "VALUES ('i-{i}', 1, now() + interval '1 minute') ON CONFLICT (workflow) DO UPDATE "
-     "SET token = held.token + 1, held_until = now() + interval '1 minute' "
-     "WHERE held.held_until <= now() RETURNING token;"),
+     ("PREPARE q(text) AS SELECT sturdy.claim($1, '1 minute');", "EXECUTE q('i-{i}');"),
+     ("PREPARE q(text) AS INSERT INTO seed.workflow_claim AS held (workflow, token, held_until) "
+      "VALUES ($1, 1, now() + interval '1 minute') ON CONFLICT (workflow) DO UPDATE "
+      "SET token = held.token + 1, held_until = now() + interval '1 minute' "
+      "WHERE held.held_until <= now() RETURNING token;", "EXECUTE q('i-{i}');")),
     ("record",
-     "SELECT recorded, first FROM sturdy.record('i-{i}', 'step', '{{\"ok\": true}}', 1);",
-     "WITH fence AS (SELECT token FROM seed.workflow_claim WHERE workflow = 'i-{i}' FOR UPDATE) "
-     "INSERT INTO seed.workflow_checkpoint AS recorded (workflow, step, value) "
-     "SELECT 'i-{i}', 'step', '{{\"ok\": true}}'::jsonb FROM fence WHERE fence.token <= 1 "
-     "ON CONFLICT (workflow, step) DO UPDATE SET value = recorded.value "
-     "RETURNING recorded.value::text, recorded.value = '{{\"ok\": true}}'::jsonb;"),
+     ("PREPARE q(text) AS SELECT recorded, first FROM sturdy.record($1, 'step', '{\"ok\": true}', 1);",
+      "EXECUTE q('i-{i}');"),
+     ("PREPARE q(text) AS WITH fence AS (SELECT token FROM seed.workflow_claim WHERE workflow = $1 FOR UPDATE) "
+      "INSERT INTO seed.workflow_checkpoint AS recorded (workflow, step, value) "
+      "SELECT $1, 'step', '{\"ok\": true}'::jsonb FROM fence WHERE fence.token <= 1 "
+      "ON CONFLICT (workflow, step) DO UPDATE SET value = recorded.value "
+      "RETURNING recorded.value::text, recorded.value = '{\"ok\": true}'::jsonb;", "EXECUTE q('i-{i}');")),
     ("schedule",
-     "SELECT sturdy.schedule('j-{i}', now(), 'instr');",
-     "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) VALUES ('instr', 'j-{i}', now()) "
-     "ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = EXCLUDED.visible_at;"),
+     ("PREPARE q(text) AS SELECT sturdy.schedule($1, now(), 'instr');", "EXECUTE q('j-{i}');"),
+     ("PREPARE q(text) AS INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
+      "VALUES ('instr', $1, now()) ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = EXCLUDED.visible_at;",
+      "EXECUTE q('j-{i}');")),
     ("take",
-     "SELECT workflow, receipt FROM sturdy.take('instr', '1 minute');",
-     "WITH due AS MATERIALIZED (SELECT workflow FROM seed.workflow_queue WHERE namespace = 'instr' "
-     "AND visible_at <= now() ORDER BY visible_at FOR UPDATE SKIP LOCKED LIMIT 1) "
-     "UPDATE seed.workflow_queue AS entry SET visible_at = now() + interval '1 minute' FROM due "
-     "WHERE entry.namespace = 'instr' AND entry.workflow = due.workflow "
-     "RETURNING entry.workflow, entry.visible_at;"),
+     # statistics that know the backlog (the hand-written TAKE joins back by
+     # key and scans the whole queue per call without them)
+     ("ANALYZE sturdy.queue; PREPARE q AS SELECT workflow, receipt FROM sturdy.take('instr', '1 minute');",
+      "EXECUTE q;"),
+     ("ANALYZE seed.workflow_queue; PREPARE q AS WITH due AS MATERIALIZED (SELECT workflow FROM seed.workflow_queue WHERE namespace = 'instr' "
+      "AND visible_at <= now() ORDER BY visible_at FOR UPDATE SKIP LOCKED LIMIT 1) "
+      "UPDATE seed.workflow_queue AS entry SET visible_at = now() + interval '1 minute' FROM due "
+      "WHERE entry.namespace = 'instr' AND entry.workflow = due.workflow "
+      "RETURNING entry.workflow, entry.visible_at;", "EXECUTE q;")),
     ("done",
-     "SELECT sturdy.done(workflow, visible_at, 'instr') FROM sturdy.queue "
-     "WHERE queue = 'instr' AND workflow = 'j-{i}';",
-     "DELETE FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = 'j-{i}' AND visible_at = "
-     "(SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = 'j-{i}');"),
+     ("PREPARE q(text, timestamptz) AS SELECT sturdy.done($1, $2, 'instr');",
+      "EXECUTE q('j-{i}', (SELECT visible_at FROM sturdy.queue WHERE queue = 'instr' AND workflow = 'j-{i}'));"),
+     ("PREPARE q(text, timestamptz) AS DELETE FROM seed.workflow_queue "
+      "WHERE namespace = 'instr' AND workflow = $1 AND visible_at = $2;",
+      "EXECUTE q('j-{i}', (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' "
+      "AND workflow = 'j-{i}'));")),
 ]
 
 
@@ -96,14 +107,14 @@ def main():
         subprocess.run(["chown", "-R", "postgres:", DIR], check=True)
     version = subprocess.run([PG_CONFIG, "--version"], capture_output=True, text=True).stdout.strip()
     lines = [f"Instructions per call (callgrind, single-user backend, {version}, "
-             f"({LARGE} calls - {SMALL} calls) / {LARGE - SMALL}, each its own transaction):", "",
+             f"prepared statements, ({LARGE} calls - {SMALL} calls) / {LARGE - SMALL}, each its own transaction):", "",
              "| call | pg_sturdy | the plain statement | pg_sturdy / plain |", "|---|---:|---:|---:|"]
     for call, ours, plain in CASES:
         per = {}
-        for side, template in (("sturdy", ours), ("plain", plain)):
-            small = instructions(f"{call}-{side}-small", [template.format(i=i) for i in range(SMALL)])
+        for side, (prepare, execute) in (("sturdy", ours), ("plain", plain)):
+            small = instructions(f"{call}-{side}-small", [prepare] + [execute.format(i=i) for i in range(SMALL)])
             large = instructions(f"{call}-{side}-large",
-                                 [template.format(i=i) for i in range(SMALL, SMALL + LARGE)])
+                                 [prepare] + [execute.format(i=i) for i in range(SMALL, SMALL + LARGE)])
             per[side] = (large - small) / (LARGE - SMALL)
             print(f"{call:9} {side:7} {per[side]:12,.0f} instructions/call", flush=True)
         lines.append(f"| `{call}` | {per['sturdy']:,.0f} | {per['plain']:,.0f} | "

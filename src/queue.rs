@@ -41,20 +41,21 @@ use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
 
-/// Upsert the row to `visible_at`, forgetting any lease on it; when it is
-/// ready now and a worker said it is idle, clear that mark and notify.
+/// Upsert the row to `visible_at`, forgetting any lease on it. Answers
+/// whether a worker waits for it: the row is ready now and the queue is
+/// marked. The probe is read-only and runs only for a ready row (an InitPlan
+/// evaluated on first use): a busy queue pays an index probe of an empty
+/// table, not a DELETE (measured: the DELETE in this statement cost 57% over
+/// the plain upsert in instructions; see bench/README.md).
 static SCHEDULE: Statement = Statement {
     sql: "WITH scheduled AS (
               INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
               VALUES ($3, $1, $2, NULL, pg_catalog.now())
               ON CONFLICT (queue, workflow) DO UPDATE
                  SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at
-              RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready),
-          woken AS (
-              DELETE FROM sturdy.queue_waiters w
-               WHERE w.queue OPERATOR(pg_catalog.=) $3 AND EXISTS (SELECT FROM scheduled WHERE ready)
-              RETURNING w.queue)
-          SELECT pg_catalog.pg_notify('sturdy', $3) FROM woken",
+              RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
+          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $3)
+            FROM scheduled",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
@@ -176,6 +177,16 @@ static TAKE_MANY_CLAIM: Statement = Statement {
     generic: true,
 };
 
+/// Wake the workers waiting on a queue: clear its mark, and notify if this
+/// call cleared it (of two schedules racing here, one notifies).
+static WAKE: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue_waiters WHERE queue OPERATOR(pg_catalog.=) $1
+          RETURNING pg_catalog.pg_notify('sturdy', $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
 /// A take that found nothing: its worker is about to wait, so the next
 /// schedule that makes a row ready in this queue should notify.
 static MARK_IDLE: Statement = Statement {
@@ -218,12 +229,9 @@ static WAKE_AT: Statement = Statement {
               UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL
                WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.=) $2
-              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready),
-          woken AS (
-              DELETE FROM sturdy.queue_waiters w
-               WHERE w.queue OPERATOR(pg_catalog.=) $4 AND EXISTS (SELECT FROM moved WHERE ready)
-              RETURNING w.queue)
-          SELECT true, (SELECT pg_catalog.pg_notify('sturdy', $4) FROM woken) FROM moved",
+              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
+          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4)
+            FROM moved",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::TIMESTAMPTZOID,
@@ -237,11 +245,20 @@ static WAKE_AT: Statement = Statement {
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
 /// arguments. `schedule` and `arrive` both end here.
 pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Name) -> Result<()> {
-    run_one(
+    let waited = run_one(
         &SCHEDULE,
         &[workflow.into(), visible_at.into(), queue.into()],
-        |_| Ok(()),
-    )
+        first_value::<bool>,
+    )?;
+    if waited == Some(true) {
+        wake(queue)?;
+    }
+    Ok(())
+}
+
+/// Clear the queue's waiter mark and notify (see [`WAKE`]).
+fn wake(queue: Name) -> Result<()> {
+    run_one(&WAKE, &[queue.into()], |_| Ok(()))
 }
 
 #[sql_function(
@@ -377,11 +394,22 @@ fn wake_at(
     let receipt = args::required("receipt", receipt)?;
     let at = args::required("at", at)?;
     let queue = args::name("queue", queue)?;
-    run_one(
+    let moved = run_one(
         &WAKE_AT,
         &[workflow.into(), receipt.into(), at.into(), queue.into()],
-        |t| Ok(!t.is_empty()),
-    )
+        |t| {
+            // no row: the receipt did not match; else whether a worker waits
+            if t.is_empty() {
+                Ok(None)
+            } else {
+                Ok(Some(t.first().get_one::<bool>()?.unwrap_or(false)))
+            }
+        },
+    )?;
+    if moved == Some(true) {
+        wake(queue)?;
+    }
+    Ok(moved.is_some())
 }
 
 /// A value's arrival and the workflow's wakeup, in one transaction: supply the
