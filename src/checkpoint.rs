@@ -194,7 +194,15 @@ fn transact(
     let workflow = args::name("workflow", workflow)?;
     let token = args::required("token", token)?;
     let step = args::name("step", step)?;
-    let effect = subxact::callable(args::required("effect", effect)?)?;
+    let effect = args::required("effect", effect)?;
+    let mut effect = subxact::callable(effect, &[pg_sys::JSONBOID], Some(pg_sys::JSONBOID))
+        .map_err(|unfit| match unfit {
+            subxact::Unfit::Missing => Error::EffectSignature {
+                effect: format!("with OID {} (no such function)", effect.to_u32()),
+            },
+            subxact::Unfit::Shape(effect) => Error::EffectSignature { effect },
+            subxact::Unfit::NotPermitted(function) => Error::NotPermitted { function },
+        })?;
 
     let (current, recorded) = run_one(&TRANSACT_FENCE, &[workflow.into(), step.into()], |t| {
         if t.is_empty() {
@@ -208,11 +216,12 @@ fn transact(
     }
 
     let written = subxact::subtransaction(|| {
-        let result = subxact::call_jsonb_function(&effect, arg).ok_or_else(|| {
-            Error::EffectReturnedNull {
+        let result = effect
+            .call(&[arg.map(|Jsonb(d)| d)])
+            .map(Jsonb)
+            .ok_or_else(|| Error::EffectReturnedNull {
                 effect: effect.name.clone(),
-            }
-        })?;
+            })?;
         run_one(
             &TRANSACT_WRITE,
             &[workflow.into(), step.into(), result.into(), token.into()],

@@ -7,6 +7,7 @@
 //! - [`Jsonb`]: a `jsonb` datum, untouched. pgrx's own `JsonB` goes through
 //!   text and `serde_json` in both directions; checkpoint values are the
 //!   caller's and we never look inside them.
+//! - [`Record`]: a composite datum (an outbox message), likewise untouched.
 
 use pgrx::pg_sys;
 use pgrx::{FromDatum, IntoDatum, PgMemoryContexts};
@@ -100,6 +101,51 @@ impl IntoDatum for Jsonb {
     }
     fn type_oid() -> pg_sys::Oid {
         pg_sys::JSONBOID
+    }
+}
+
+/// A composite value (a whole table row, e.g. an outbox message) as Postgres
+/// holds it: read from SPI it is copied into the caller's memory context, so
+/// it can be handed to a function after the connection is closed.
+#[derive(Clone, Copy, Debug)]
+pub struct Record(pub(crate) pg_sys::Datum);
+
+impl FromDatum for Record {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        (!is_null).then_some(Record(datum))
+    }
+
+    unsafe fn from_datum_in_memory_context(
+        mut memory_context: PgMemoryContexts,
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-null composite datum is a varlena (a HeapTupleHeader
+        // with its length set); the copy lives in `memory_context`.
+        unsafe {
+            memory_context.switch_to(|_| {
+                Some(Record(pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(
+                    datum.cast_mut_ptr(),
+                ))))
+            })
+        }
+    }
+}
+
+impl IntoDatum for Record {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::RECORDOID
     }
 }
 

@@ -37,8 +37,13 @@ pub enum Error {
     },
     /// `transact`'s effect is not a plain `jsonb -> jsonb` function.
     EffectSignature { effect: String },
-    /// The caller may not execute `transact`'s effect.
-    EffectNotPermitted { effect: String },
+    /// The caller may not execute a function we were asked to call
+    /// (`transact`'s effect, a subscriber).
+    NotPermitted { function: String },
+    /// A subscriber is not a function `(message sturdy.outbox, attempt integer)`.
+    SubscriberSignature { subscriber: String },
+    /// A subscriber that no longer exists (dropped after `subscribe`).
+    SubscriberMissing { subscriber: String },
     /// `transact`'s effect returned SQL NULL.
     EffectReturnedNull { effect: String },
     /// `transact`'s effect inserted the very checkpoint row `transact` writes.
@@ -70,8 +75,10 @@ impl Error {
             | Error::NotPositive { .. }
             | Error::Invalid { .. }
             | Error::EffectSignature { .. }
+            | Error::SubscriberSignature { .. }
             | Error::EffectWroteStep { .. } => *b"22023",
-            Error::EffectNotPermitted { .. } => *b"42501",
+            Error::NotPermitted { .. } => *b"42501",
+            Error::SubscriberMissing { .. } => *b"42883",
             Error::Fenced { .. } => *b"SD001",
             Error::Raised { code, .. } => *code,
             Error::Internal { .. } => *b"XX000",
@@ -113,8 +120,17 @@ impl Error {
                 "An effect is a function (arg jsonb) RETURNS jsonb, e.g. 'my_effect(jsonb)'::regprocedure."
                     .into()
             }
-            Error::EffectNotPermitted { .. } => {
+            Error::NotPermitted { .. } => {
                 "GRANT EXECUTE on the function to this role, or pass a function it may call.".into()
+            }
+            Error::SubscriberSignature { .. } => {
+                "A subscriber is a function (message sturdy.outbox, attempt integer), e.g. \
+                 'app.on_order(sturdy.outbox, integer)'::regprocedure; its result is ignored."
+                    .into()
+            }
+            Error::SubscriberMissing { .. } => {
+                "Create the function again, or sturdy.unsubscribe it; then sturdy.redrive the dead deliveries."
+                    .into()
             }
             Error::EffectReturnedNull { .. } => {
                 "Return 'null'::jsonb to record a JSON null; a STRICT effect returns NULL when arg is NULL.".into()
@@ -171,8 +187,15 @@ impl fmt::Display for Error {
                 f,
                 "effect {effect} must be a plain function taking one jsonb argument and returning jsonb"
             ),
-            Error::EffectNotPermitted { effect } => {
-                write!(f, "permission denied for function {effect}")
+            Error::NotPermitted { function } => {
+                write!(f, "permission denied for function {function}")
+            }
+            Error::SubscriberSignature { subscriber } => write!(
+                f,
+                "subscriber {subscriber} must be a plain function taking (sturdy.outbox, integer)"
+            ),
+            Error::SubscriberMissing { subscriber } => {
+                write!(f, "subscriber function {subscriber} does not exist")
             }
             Error::EffectReturnedNull { effect } => write!(f, "effect {effect} returned NULL"),
             Error::EffectWroteStep { effect, step } => write!(

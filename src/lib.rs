@@ -31,6 +31,7 @@ pub mod subxact;
 
 mod checkpoint;
 mod claim;
+mod outbox;
 mod queue;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -49,6 +50,7 @@ pgrx::extension_sql_file!(
     name = "queue",
     requires = ["checkpoints"]
 );
+pgrx::extension_sql_file!("../sql/outbox.sql", name = "outbox", requires = ["queue"]);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 /// Hooks for `cargo pgrx test`.

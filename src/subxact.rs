@@ -9,14 +9,14 @@
 //! - [`callable`]: what we need to know about a caller's function before
 //!   calling it, the `EXECUTE` privilege included: a function the caller may
 //!   not call directly is not called for it either.
-//! - [`call_jsonb_function`]: call a `jsonb -> jsonb` function by OID, with
-//!   the caller's rights and `search_path` (a `SECURITY DEFINER` function runs
-//!   as its owner, exactly as when called directly).
+//! - [`Callable::call`]: call it, with the caller's rights and `search_path`
+//!   (a `SECURITY DEFINER` function runs as its owner, exactly as when called
+//!   directly). `transact`'s effects and the outbox's subscribers are called
+//!   this way.
 
 use pgrx::pg_sys;
 
-use crate::datum::Jsonb;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fmgr::catching;
 
 /// Run `body` in an internal subtransaction. `Ok(Some(v))` keeps its work
@@ -52,42 +52,70 @@ pub fn subtransaction<T>(body: impl FnOnce() -> Result<Option<T>>) -> Result<Opt
     }
 }
 
-/// A caller's function, checked for a call.
+/// A caller's function, checked for a call, with its call info set up once
+/// (a PL/pgSQL function keeps its compiled form there between calls).
 pub struct Callable {
     pub oid: pg_sys::Oid,
-    /// Its qualified name and argument types, for messages.
+    /// Its qualified name and argument types, for messages and for storing.
     pub name: String,
+    flinfo: Box<pg_sys::FmgrInfo>,
 }
 
-/// Look up function `oid` for a call as `(jsonb) -> jsonb` by the current
-/// user: it must exist, have exactly that shape, and be executable by the
-/// current user (checked as the executor checks a direct call).
-pub fn callable(oid: pg_sys::Oid) -> Result<Callable> {
-    use pgrx::pg_catalog::pg_proc::{PgProc, ProArgMode, ProKind};
-    let Some(proc) = PgProc::new(oid) else {
-        return Err(Error::EffectSignature {
-            effect: format!("with OID {} (no such function)", oid.to_u32()),
-        });
-    };
+/// Why a function cannot be called as asked.
+#[derive(Debug)]
+pub enum Unfit {
+    /// No function has that OID (dropped since it was named).
+    Missing,
+    /// It exists but has another shape; its qualified name.
+    Shape(String),
+    /// The current user lacks `EXECUTE` on it; its qualified name.
+    NotPermitted(String),
+}
+
+/// The qualified name and argument types of function `oid`, e.g.
+/// `app.on_order(sturdy.outbox, integer)`, whatever the `search_path`.
+pub fn qualified_name(oid: pg_sys::Oid) -> Option<String> {
+    pgrx::pg_catalog::pg_proc::PgProc::new(oid)?;
     // SAFETY: `oid` names an existing function (PgProc found it); the result
     // is a palloc'd C string.
-    let name = unsafe {
+    Some(unsafe {
         std::ffi::CStr::from_ptr(pg_sys::format_procedure_qualified(oid))
             .to_string_lossy()
             .into_owned()
+    })
+}
+
+/// Look up function `oid` for a call by the current user as a plain function
+/// (not a procedure, aggregate or set-returning function) of exactly the
+/// argument types `args`, all `IN`, returning `returns` (or anything when
+/// `None`), which the current user may `EXECUTE` (checked as the executor
+/// checks a direct call).
+pub fn callable(
+    oid: pg_sys::Oid,
+    args: &[pg_sys::Oid],
+    returns: Option<pg_sys::Oid>,
+) -> std::result::Result<Callable, Unfit> {
+    use pgrx::pg_catalog::pg_proc::{PgProc, ProArgMode, ProKind};
+    let (Some(proc), Some(name)) = (PgProc::new(oid), qualified_name(oid)) else {
+        return Err(Unfit::Missing);
     };
-    let jsonb_to_jsonb = matches!(proc.prokind(), ProKind::Function)
-        && proc.proargtypes() == [pg_sys::JSONBOID]
+    let fits = matches!(proc.prokind(), ProKind::Function)
+        && proc.proargtypes() == args
         && proc.proargmodes().iter().all(|m| *m == ProArgMode::In)
-        && proc.prorettype() == pg_sys::JSONBOID
+        && returns.is_none_or(|r| proc.prorettype() == r)
         && !proc.proretset();
-    if !jsonb_to_jsonb {
-        return Err(Error::EffectSignature { effect: name });
+    if !fits {
+        return Err(Unfit::Shape(name));
     }
     if !may_execute(oid) {
-        return Err(Error::EffectNotPermitted { effect: name });
+        return Err(Unfit::NotPermitted(name));
     }
-    Ok(Callable { oid, name })
+    let mut flinfo = Box::new(pg_sys::FmgrInfo::default());
+    // SAFETY: `oid` is an existing function; the info (and whatever the
+    // function's handler caches in it) lives in the current memory context,
+    // the calling function's, for as long as this `Callable` is used.
+    unsafe { pg_sys::fmgr_info(oid, &mut *flinfo) };
+    Ok(Callable { oid, name, flinfo })
 }
 
 /// `EXECUTE` on function `oid` for the current user. The one place where the
@@ -112,37 +140,42 @@ fn may_execute(oid: pg_sys::Oid) -> bool {
     }
 }
 
-/// Call a checked `jsonb -> jsonb` function on `arg`, honouring `STRICT`.
-/// Errors it raises propagate as Postgres errors (run it inside
-/// [`subtransaction`] to get them back as values).
-pub fn call_jsonb_function(f: &Callable, arg: Option<Jsonb>) -> Option<Jsonb> {
-    // SAFETY: FmgrInfo and a one-argument FunctionCallInfo set up as
-    // LOCAL_FCINFO/InitFunctionCallInfoData do; the call goes through pgrx's FFI
-    // guard so an ERROR in the callee unwinds as a Rust panic.
-    unsafe {
-        let mut flinfo = pg_sys::FmgrInfo::default();
-        pg_sys::fmgr_info(f.oid, &mut flinfo);
-        if flinfo.fn_strict && arg.is_none() {
+impl Callable {
+    /// Call the function on `args` (of the types it was checked for; `None`
+    /// is SQL NULL), honouring `STRICT`, with the caller's rights and
+    /// `search_path` (a `SECURITY DEFINER` function or one with `SET` clauses
+    /// runs as when called directly). Errors it raises propagate as Postgres
+    /// errors: run it inside [`subtransaction`] to get them back as values.
+    pub fn call(&mut self, args: &[Option<pg_sys::Datum>]) -> Option<pg_sys::Datum> {
+        if self.flinfo.fn_strict && args.iter().any(Option::is_none) {
             return None;
         }
-        let fcinfo = pg_sys::palloc0(
-            std::mem::size_of::<pg_sys::FunctionCallInfoBaseData>()
-                + std::mem::size_of::<pg_sys::NullableDatum>(),
-        ) as *mut pg_sys::FunctionCallInfoBaseData;
-        let call = &mut *fcinfo;
-        call.flinfo = &mut flinfo;
-        call.fncollation = pg_sys::InvalidOid;
-        call.nargs = 1;
-        let slot = &mut call.args.as_mut_slice(1)[0];
-        (slot.value, slot.isnull) = match arg {
-            Some(Jsonb(d)) => (d, false),
-            None => (pg_sys::Datum::from(0), true),
-        };
-        let func = flinfo.fn_addr.expect("fmgr_info sets fn_addr");
-        let result = pg_sys::ffi::pg_guard_ffi_boundary(|| func(fcinfo));
-        let out = (!call.isnull).then_some(Jsonb(result));
-        pg_sys::pfree(fcinfo.cast());
-        out
+        // SAFETY: a FunctionCallInfo for `args.len()` arguments set up as
+        // LOCAL_FCINFO/InitFunctionCallInfoData do, for the function whose
+        // FmgrInfo was filled by fmgr_info and which takes exactly that many
+        // arguments (checked by `callable`); the call goes through pgrx's FFI
+        // guard so an ERROR in the callee unwinds as a Rust panic.
+        unsafe {
+            let fcinfo = pg_sys::palloc0(
+                std::mem::size_of::<pg_sys::FunctionCallInfoBaseData>()
+                    + args.len() * std::mem::size_of::<pg_sys::NullableDatum>(),
+            ) as *mut pg_sys::FunctionCallInfoBaseData;
+            let call = &mut *fcinfo;
+            call.flinfo = &mut *self.flinfo;
+            call.fncollation = pg_sys::InvalidOid;
+            call.nargs = args.len() as i16;
+            for (slot, arg) in call.args.as_mut_slice(args.len()).iter_mut().zip(args) {
+                (slot.value, slot.isnull) = match arg {
+                    Some(d) => (*d, false),
+                    None => (pg_sys::Datum::from(0), true),
+                };
+            }
+            let func = self.flinfo.fn_addr.expect("fmgr_info sets fn_addr");
+            let result = pg_sys::ffi::pg_guard_ffi_boundary(|| func(fcinfo));
+            let out = (!call.isnull).then_some(result);
+            pg_sys::pfree(fcinfo.cast());
+            out
+        }
     }
 }
 

@@ -1,0 +1,866 @@
+//! The transactional outbox: an event and its deliveries commit with the
+//! caller's transaction, and a pump hands each delivery to its subscriber's
+//! function, in the server.
+//!
+//! `emit` writes one `sturdy.outbox` row and one `pending` delivery per
+//! subscription of the event, in the caller's transaction: the event exists
+//! exactly when the business change that caused it does. `pump` takes due
+//! deliveries `FOR UPDATE SKIP LOCKED`, so any number of pumps (pg_cron jobs,
+//! worker loops) share the work and none is delivered twice, and calls each
+//! subscriber `f(message sturdy.outbox, attempt integer)` in its own internal
+//! subtransaction. A failure rolls back that subscriber's effects only; the
+//! attempt is counted outside the subtransaction, in the pump's own
+//! bookkeeping, so a failing subscriber is retried (after `2^attempt`
+//! seconds) and then dead-lettered instead of retried forever. A SQL
+//! `SAVEPOINT` could not do this from a function; an internal subtransaction
+//! is what PL/pgSQL's `EXCEPTION` block uses.
+//!
+//! Order: deliveries to one subscriber for one `aggregate_id` go out in emit
+//! order. pump only starts a chain at its head, the oldest pending delivery
+//! of that (subscriber, aggregate): a later one is not due while an earlier
+//! one is pending, waiting for a retry included. Holding the head's row lock
+//! holds the chain: another pump skips the locked head and sees no other
+//! head for it, since the head is still pending in its snapshot. A pump that
+//! delivered a head goes on down the chain in the same transaction while its
+//! budget lasts, and stops at the first failure. A dead delivery no longer
+//! holds its chain back; `redrive` makes it pending (and the head) again.
+//!
+//! Wakeups, as the queue does them: a pump that found nothing due leaves a
+//! mark (`sturdy.outbox_waiters`), and the next `emit` that creates a
+//! delivery, or `redrive`, removes it and sends `NOTIFY sturdy_outbox` with
+//! the event name, delivered at commit. While pumps keep finding work there
+//! is no mark and no notification, so a busy system never commits its emits
+//! under the notification lock. Retries coming due wake nobody: a pump loop
+//! waits with a timeout.
+//!
+//! Subscribers run with the rights and `search_path` of whoever calls `pump`,
+//! and only if that role may execute them. Our own statements qualify every
+//! name, as everywhere in pg_sturdy.
+
+use pg_sturdy_macros::sql_function;
+use pgrx::IntoDatum;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::spi::SpiTupleTable;
+
+use crate::args::{self, Name};
+use crate::datum::{Jsonb, Record, Text};
+use crate::error::{Error, Result};
+use crate::fmgr::Args;
+use crate::plan::{self, Statement, first_value, run_one};
+use crate::subxact::{self, Callable, Unfit};
+
+/// The first characters of a failure's message kept in `last_error`.
+const ERROR_CHARS: usize = 200;
+/// Backoff after attempt n is 2^n seconds, n capped here (2^30 s is 34 years).
+const MAX_BACKOFF_EXPONENT: i32 = 30;
+
+static OUTBOX_TYPE: Statement = Statement {
+    sql: "SELECT pg_catalog.to_regtype('sturdy.outbox')::pg_catalog.oid",
+    args: &[],
+    writes: false,
+    generic: false,
+};
+
+static SUBSCRIBE: Statement = Statement {
+    sql: "INSERT INTO sturdy.subscriptions (event, subscriber, max_attempts, created_at)
+          VALUES ($1, $2, $3, pg_catalog.now())
+          ON CONFLICT (event, subscriber) DO UPDATE SET max_attempts = EXCLUDED.max_attempts",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+static UNSUBSCRIBE: Statement = Statement {
+    sql: "DELETE FROM sturdy.subscriptions
+           WHERE event OPERATOR(pg_catalog.=) $1 AND subscriber OPERATOR(pg_catalog.=) $2
+          RETURNING true",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// The message, its deliveries, and whether a pump waits for them. Each
+/// delivery is due from the message's creation.
+static EMIT: Statement = Statement {
+    sql: "WITH message AS (
+              INSERT INTO sturdy.outbox (event, payload, aggregate_id, created_at)
+              VALUES ($1, $2, $3, pg_catalog.now())
+              RETURNING id, created_at),
+          created AS (
+              INSERT INTO sturdy.deliveries (outbox_id, subscriber, aggregate_id, max_attempts, next_attempt_at)
+              SELECT m.id, s.subscriber, $3, s.max_attempts, m.created_at
+                FROM message m, sturdy.subscriptions s
+               WHERE s.event OPERATOR(pg_catalog.=) $1
+              RETURNING 1)
+          SELECT m.id, (SELECT pg_catalog.count(*) FROM created)::integer,
+                 EXISTS (SELECT FROM created) AND EXISTS (SELECT FROM sturdy.outbox_waiters)
+            FROM message m",
+    args: &[pg_sys::TEXTOID, pg_sys::JSONBOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// Clear the mark and notify, if this call cleared it.
+static WAKE: Statement = Statement {
+    sql: "DELETE FROM sturdy.outbox_waiters RETURNING pg_catalog.pg_notify('sturdy_outbox', $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+static MARK_IDLE: Statement = Statement {
+    sql: "INSERT INTO sturdy.outbox_waiters (waiting, since) VALUES (true, pg_catalog.now())
+          ON CONFLICT (waiting) DO NOTHING",
+    args: &[],
+    writes: true,
+    generic: false,
+};
+
+/// The columns of a delivery to attempt, in both statements below: id, the
+/// subscriber's function (NULL if it no longer exists), its name, attempts
+/// so far, max attempts, whether it is in an aggregate's chain, whether it is
+/// due, and the message. The subscriber is resolved by its qualified name,
+/// so no `search_path` reaches it.
+macro_rules! delivery_columns {
+    ($d:literal) => {
+        concat!(
+            $d,
+            ".id, pg_catalog.to_regprocedure(",
+            $d,
+            ".subscriber)::pg_catalog.oid, ",
+            $d,
+            ".subscriber, ",
+            $d,
+            ".attempts, ",
+            $d,
+            ".max_attempts, ",
+            $d,
+            ".aggregate_id IS NOT NULL, ",
+            $d,
+            ".next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now(), o"
+        )
+    };
+}
+
+/// Due heads: pending, due, and the oldest pending of their (subscriber,
+/// aggregate) when they have one. Locked, skipping what another pump holds.
+static HEADS: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        delivery_columns!("d"),
+        "
+           FROM sturdy.deliveries d
+           JOIN sturdy.outbox o ON o.id OPERATOR(pg_catalog.=) d.outbox_id
+          WHERE d.state OPERATOR(pg_catalog.=) 'pending'
+            AND d.next_attempt_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+            AND (d.aggregate_id IS NULL OR NOT EXISTS (
+                 SELECT FROM sturdy.deliveries e
+                  WHERE e.subscriber OPERATOR(pg_catalog.=) d.subscriber
+                    AND e.aggregate_id OPERATOR(pg_catalog.=) d.aggregate_id
+                    AND e.state OPERATOR(pg_catalog.=) 'pending'
+                    AND e.id OPERATOR(pg_catalog.<) d.id))
+          ORDER BY d.next_attempt_at, d.id
+          LIMIT $1
+            FOR UPDATE OF d SKIP LOCKED"
+    ),
+    args: &[pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+/// The next pending delivery of the chain of delivery $1, locked (waiting,
+/// never skipping: skipping it would deliver the one after it out of order).
+/// Returned even when not due, so the caller stops there.
+static NEXT_IN_CHAIN: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        delivery_columns!("n"),
+        "
+           FROM sturdy.deliveries h
+           JOIN sturdy.deliveries n
+             ON n.subscriber OPERATOR(pg_catalog.=) h.subscriber
+            AND n.aggregate_id OPERATOR(pg_catalog.=) h.aggregate_id
+           JOIN sturdy.outbox o ON o.id OPERATOR(pg_catalog.=) n.outbox_id
+          WHERE h.id OPERATOR(pg_catalog.=) $1
+            AND n.state OPERATOR(pg_catalog.=) 'pending'
+            AND n.id OPERATOR(pg_catalog.>) h.id
+          ORDER BY n.id
+          LIMIT 1
+            FOR UPDATE OF n"
+    ),
+    args: &[pg_sys::INT8OID],
+    writes: true,
+    generic: false,
+};
+
+/// The pump's bookkeeping for every attempt it made, in one statement,
+/// outside every subscriber's subtransaction. A retry's next attempt is
+/// `backoff` seconds from now; a done or dead row keeps its time.
+static SETTLE: Statement = Statement {
+    sql: "UPDATE sturdy.deliveries d
+             SET state = o.state,
+                 attempts = o.attempt,
+                 next_attempt_at = COALESCE(pg_catalog.now() OPERATOR(pg_catalog.+)
+                                            pg_catalog.make_interval(0, 0, 0, 0, 0, 0, o.backoff),
+                                            d.next_attempt_at),
+                 last_error = COALESCE(o.error, d.last_error),
+                 last_sqlstate = COALESCE(o.sqlstate, d.last_sqlstate),
+                 delivered_at = CASE WHEN o.error IS NULL THEN pg_catalog.now() END
+            FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),
+                            pg_catalog.unnest($4), pg_catalog.unnest($5), pg_catalog.unnest($6))
+                 AS o(id, state, attempt, backoff, error, sqlstate)
+           WHERE d.id OPERATOR(pg_catalog.=) o.id",
+    args: &[
+        pg_sys::INT8ARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::INT4ARRAYOID,
+        pg_sys::FLOAT8ARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TEXTARRAYOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+static REDRIVE: Statement = Statement {
+    sql: "UPDATE sturdy.deliveries
+             SET state = 'pending', attempts = 0, next_attempt_at = pg_catalog.now(), delivered_at = NULL
+           WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'dead'
+          RETURNING EXISTS (SELECT FROM sturdy.outbox_waiters),
+                    (SELECT o.event FROM sturdy.outbox o WHERE o.id OPERATOR(pg_catalog.=) outbox_id)",
+    args: &[pg_sys::INT8OID],
+    writes: true,
+    generic: false,
+};
+
+/// The subscriber `oid` as subscribe checks it: `(sturdy.outbox, integer)`,
+/// executable by the current user.
+fn subscriber(oid: pg_sys::Oid, outbox_type: pg_sys::Oid, name: &str) -> Result<Callable> {
+    subxact::callable(oid, &[outbox_type, pg_sys::INT4OID], None).map_err(|unfit| match unfit {
+        Unfit::Missing => Error::SubscriberMissing {
+            subscriber: name.into(),
+        },
+        Unfit::Shape(subscriber) => Error::SubscriberSignature { subscriber },
+        Unfit::NotPermitted(function) => Error::NotPermitted { function },
+    })
+}
+
+fn outbox_type() -> Result<pg_sys::Oid> {
+    run_one(&OUTBOX_TYPE, &[], first_value::<pg_sys::Oid>)?.ok_or(Error::Internal {
+        context: "outbox",
+        cause: "type sturdy.outbox not found".into(),
+    })
+}
+
+/// The subscriber's qualified signature, as stored.
+fn subscriber_name(oid: Option<pg_sys::Oid>) -> Result<String> {
+    let oid = args::required("subscriber", oid)?;
+    subxact::qualified_name(oid).ok_or(Error::SubscriberMissing {
+        subscriber: format!("with OID {}", oid.to_u32()),
+    })
+}
+
+#[sql_function(
+    "sturdy.subscribe(event text, subscriber regprocedure, max_attempts integer DEFAULT 3)
+     RETURNS void VOLATILE PARALLEL UNSAFE",
+    comment = "Deliver every later emit of event to subscriber, a function (message sturdy.outbox, attempt integer) whose result is ignored; a delivery that fails max_attempts times is dead. Subscribing again changes max_attempts for later emits."
+)]
+fn subscribe(
+    event: Option<Text>,
+    subscriber: Option<pg_sys::Oid>,
+    max_attempts: Option<i32>,
+) -> Result<()> {
+    let event = args::name("event", event)?;
+    let oid = args::required("subscriber", subscriber)?;
+    let max_attempts = args::positive("max_attempts", max_attempts)?;
+    let name = subscriber_name(Some(oid))?;
+    self::subscriber(oid, outbox_type()?, &name)?;
+    run_one(
+        &SUBSCRIBE,
+        &[event.into(), name.into(), max_attempts.into()],
+        |_| Ok(()),
+    )
+}
+
+#[sql_function(
+    "sturdy.unsubscribe(event text, subscriber regprocedure) RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Stop creating deliveries of event for subscriber. Deliveries already created still go out. False when there was no such subscription."
+)]
+fn unsubscribe(event: Option<Text>, subscriber: Option<pg_sys::Oid>) -> Result<bool> {
+    let event = args::name("event", event)?;
+    let name = subscriber_name(subscriber)?;
+    Ok(run_one(
+        &UNSUBSCRIBE,
+        &[event.into(), name.into()],
+        first_value::<bool>,
+    )?
+    .is_some())
+}
+
+/// Wake a waiting pump, if this call's work is the first since it waited.
+fn wake(event: impl IntoDatum) -> Result<()> {
+    run_one(&WAKE, &[DatumWithOid::from(event)], |_| Ok(()))
+}
+
+/// Returns its row through the call.
+#[sql_function(
+    "sturdy.emit(event text, payload jsonb, aggregate_id text DEFAULT NULL)
+     RETURNS TABLE (outbox bigint, deliveries integer) VOLATILE PARALLEL UNSAFE ROWS 1",
+    comment = "Write event with payload to the outbox and one pending delivery per subscriber, in this transaction. Deliveries with the same aggregate_id go out to each subscriber in emit order. When a pump waits, NOTIFY sturdy_outbox with the event name at commit."
+)]
+fn emit(
+    call: &Args,
+    event: Option<Text>,
+    payload: Option<Jsonb>,
+    aggregate_id: Option<Text>,
+) -> Result<()> {
+    let event: Name = args::name("event", event)?;
+    let payload = args::required("payload", payload)?;
+    let aggregate_id = args::optional_name("aggregate_id", aggregate_id)?;
+    let aggregate_id = aggregate_id.map_or_else(plan::null::<Text>, Into::into);
+    let (id, deliveries, waiting) =
+        run_one(&EMIT, &[event.into(), payload.into(), aggregate_id], |t| {
+            Ok(t.first().get_three::<i64, i32, bool>()?)
+        })?;
+    if waiting == Some(true) {
+        wake(event)?;
+    }
+    plan::return_row(call, &[id.into_datum(), deliveries.into_datum()])
+}
+
+/// One delivery to attempt, read from [`HEADS`] or [`NEXT_IN_CHAIN`].
+struct Due {
+    id: i64,
+    function: Option<pg_sys::Oid>,
+    subscriber: String,
+    attempts: i32,
+    max_attempts: i32,
+    chained: bool,
+    due: bool,
+    message: Record,
+}
+
+fn read_due(table: SpiTupleTable<'_>) -> Result<Vec<Due>> {
+    let internal = |what: &str| Error::Internal {
+        context: "pump",
+        cause: format!("a delivery row without {what}"),
+    };
+    let mut rows = Vec::with_capacity(table.len());
+    for row in table {
+        rows.push(Due {
+            id: row.get::<i64>(1)?.ok_or_else(|| internal("id"))?,
+            function: row.get::<pg_sys::Oid>(2)?,
+            subscriber: row
+                .get::<String>(3)?
+                .ok_or_else(|| internal("subscriber"))?,
+            attempts: row.get::<i32>(4)?.ok_or_else(|| internal("attempts"))?,
+            max_attempts: row.get::<i32>(5)?.ok_or_else(|| internal("max_attempts"))?,
+            chained: row.get::<bool>(6)?.unwrap_or(false),
+            due: row.get::<bool>(7)?.unwrap_or(false),
+            message: row.get::<Record>(8)?.ok_or_else(|| internal("message"))?,
+        });
+    }
+    Ok(rows)
+}
+
+/// One pump call: the subscribers it has looked up, and the outcome of every
+/// attempt, settled together at the end.
+#[derive(Default)]
+struct Pump {
+    outbox_type: pg_sys::Oid,
+    subscribers: Vec<(pg_sys::Oid, Result<Callable>)>,
+    ids: Vec<i64>,
+    states: Vec<&'static str>,
+    attempts: Vec<i32>,
+    backoffs: Vec<Option<f64>>,
+    errors: Vec<Option<String>>,
+    sqlstates: Vec<Option<String>>,
+    delivered: i32,
+    retrying: i32,
+    dead: i32,
+}
+
+impl Pump {
+    /// Attempt one delivery; true when the subscriber succeeded. An error
+    /// returned here is not the subscriber's failure but the pump's (a query
+    /// cancel or a shutdown inside the subscriber): it ends the pump.
+    fn attempt(&mut self, d: &Due) -> Result<bool> {
+        let attempt = d.attempts.saturating_add(1);
+        let outcome = match d.function {
+            None => Err(Error::SubscriberMissing {
+                subscriber: d.subscriber.clone(),
+            }),
+            Some(oid) => {
+                let at = match self.subscribers.iter().position(|(o, _)| *o == oid) {
+                    Some(at) => at,
+                    None => {
+                        let looked_up = subscriber(oid, self.outbox_type, &d.subscriber);
+                        self.subscribers.push((oid, looked_up));
+                        self.subscribers.len() - 1
+                    }
+                };
+                match &mut self.subscribers[at].1 {
+                    Err(e) => Err(e.clone()),
+                    Ok(f) => subxact::subtransaction(|| {
+                        f.call(&[Some(d.message.0), attempt.into_datum()]);
+                        Ok(Some(()))
+                    })
+                    .map(|_| ()),
+                }
+            }
+        };
+        self.ids.push(d.id);
+        self.attempts.push(attempt);
+        match outcome {
+            Ok(()) => {
+                self.states.push("done");
+                self.backoffs.push(None);
+                self.errors.push(None);
+                self.sqlstates.push(None);
+                self.delivered += 1;
+                Ok(true)
+            }
+            // Operator intervention (a cancel, a statement timeout, a
+            // shutdown) is not the subscriber failing: stop the pump.
+            Err(e) if e.sqlstate().starts_with(b"57") => Err(e),
+            Err(e) => {
+                if attempt >= d.max_attempts {
+                    self.states.push("dead");
+                    self.backoffs.push(None);
+                    self.dead += 1;
+                } else {
+                    self.states.push("pending");
+                    self.backoffs
+                        .push(Some(2f64.powi(attempt.min(MAX_BACKOFF_EXPONENT))));
+                    self.retrying += 1;
+                }
+                self.errors
+                    .push(Some(e.to_string().chars().take(ERROR_CHARS).collect()));
+                self.sqlstates
+                    .push(Some(String::from_utf8_lossy(&e.sqlstate()).into_owned()));
+                Ok(false)
+            }
+        }
+    }
+
+    fn settle(self) -> Result<()> {
+        run_one(
+            &SETTLE,
+            &[
+                self.ids.into(),
+                self.states
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+                    .into(),
+                self.attempts.into(),
+                self.backoffs.into(),
+                self.errors.into(),
+                self.sqlstates.into(),
+            ],
+            |_| Ok(()),
+        )
+    }
+}
+
+/// Returns its row through the call.
+#[sql_function(
+    "sturdy.pump(max integer DEFAULT 50)
+     RETURNS TABLE (seen integer, delivered integer, retrying integer, dead_letter integer)
+     VOLATILE PARALLEL UNSAFE ROWS 1",
+    comment = "Deliver up to max due deliveries (SKIP LOCKED: pumps share the work), each subscriber in its own subtransaction, with the caller's rights and search_path. A failure rolls back that subscriber's effects, keeps the error and its SQLSTATE, and retries after 2^attempt seconds, or marks the delivery dead at max_attempts. Per aggregate_id and subscriber, in emit order."
+)]
+fn pump(call: &Args, max: Option<i32>) -> Result<()> {
+    let max = args::positive("max", max)?;
+    let heads = run_one(&HEADS, &[max.into()], read_due)?;
+    if heads.is_empty() {
+        run_one(&MARK_IDLE, &[], |_| Ok(()))?;
+        let zero = Some(pg_sys::Datum::from(0i32));
+        return plan::return_row(call, &[zero; 4]);
+    }
+    let mut pump = Pump {
+        outbox_type: outbox_type()?,
+        ..Pump::default()
+    };
+    // Heads first, each followed down its chain while the budget left over
+    // by the heads lasts.
+    let mut spare = max as usize - heads.len();
+    for head in heads {
+        let mut current = head;
+        while pump.attempt(&current)? && current.chained && spare > 0 {
+            match run_one(&NEXT_IN_CHAIN, &[current.id.into()], read_due)?.pop() {
+                Some(next) if next.due => {
+                    spare -= 1;
+                    current = next;
+                }
+                _ => break,
+            }
+        }
+    }
+    let seen = pump.ids.len() as i32;
+    let counts = [seen, pump.delivered, pump.retrying, pump.dead].map(IntoDatum::into_datum);
+    pump.settle()?;
+    plan::return_row(call, &counts)
+}
+
+#[sql_function(
+    "sturdy.redrive(delivery bigint) RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Make a dead delivery pending again, due now, with its attempts reset. False when it is not dead (or does not exist)."
+)]
+fn redrive(delivery: Option<i64>) -> Result<bool> {
+    let delivery = args::required("delivery", delivery)?;
+    let redriven = run_one(&REDRIVE, &[delivery.into()], |t| {
+        if t.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(t.first().get_two::<bool, String>()?))
+    })?;
+    match redriven {
+        None => Ok(false),
+        Some((waiting, event)) => {
+            if waiting == Some(true) {
+                wake(event)?;
+            }
+            Ok(true)
+        }
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::testing::{count, error_of, sqlstate_of};
+    use pgrx::prelude::*;
+
+    fn text(sql: &str) -> Option<String> {
+        Spi::get_one::<String>(sql).unwrap()
+    }
+
+    /// Subscribers that write what they got into `public.got`: `ok` always
+    /// succeeds, `flaky` fails (after writing) until `public.fixed` says it
+    /// may succeed, raising a custom SQLSTATE and a long message.
+    fn subscribers() {
+        Spi::run(
+            "CREATE TABLE public.got (n serial, sub text, outbox bigint, attempt int, payload jsonb);
+             CREATE TABLE public.fixed (yes boolean);
+             CREATE FUNCTION public.ok(m sturdy.outbox, attempt int) RETURNS void LANGUAGE sql
+               AS $$ INSERT INTO public.got (sub, outbox, attempt, payload) VALUES ('ok', m.id, attempt, m.payload) $$;
+             CREATE FUNCTION public.flaky(m sturdy.outbox, attempt int) RETURNS void LANGUAGE plpgsql AS $$
+             BEGIN
+               INSERT INTO public.got (sub, outbox, attempt, payload) VALUES ('flaky', m.id, attempt, m.payload);
+               IF NOT EXISTS (SELECT FROM public.fixed) THEN
+                 RAISE EXCEPTION 'flaky: %', repeat('x', 300) USING ERRCODE = 'AB123';
+               END IF;
+             END $$;",
+        )
+        .unwrap();
+    }
+
+    /// Make every pending delivery due now (the test runs in one
+    /// transaction, so `now()` never moves past a backoff).
+    fn make_due() {
+        Spi::run(
+            "UPDATE sturdy.deliveries SET next_attempt_at = now() - interval '1 second' WHERE state = 'pending'",
+        )
+        .unwrap();
+    }
+
+    fn pump(max: i32) -> String {
+        text(&format!("SELECT format('%s/%s/%s/%s', seen, delivered, retrying, dead_letter) FROM sturdy.pump({max})")).unwrap()
+    }
+
+    #[pg_test]
+    fn emit_writes_one_delivery_per_subscriber_and_pump_delivers_each_once() {
+        subscribers();
+        Spi::run(
+            "SELECT sturdy.subscribe('order.placed', 'public.ok(sturdy.outbox, integer)');
+             INSERT INTO public.fixed VALUES (true);
+             SELECT sturdy.subscribe('order.placed', 'public.flaky(sturdy.outbox, integer)', 5)",
+        )
+        .unwrap();
+        assert_eq!(
+            text(
+                "SELECT string_agg(subscriber || ' ' || max_attempts, ', ' ORDER BY subscriber) FROM sturdy.subscriptions"
+            )
+            .as_deref(),
+            Some("public.flaky(sturdy.outbox,integer) 5, public.ok(sturdy.outbox,integer) 3")
+        );
+        let emitted = text(
+            "SELECT format('%s %s', outbox = currval('sturdy.outbox_id_seq'), deliveries)
+               FROM sturdy.emit('order.placed', '{\"id\": 7}')",
+        );
+        assert_eq!(emitted.as_deref(), Some("t 2"));
+        let first = Spi::get_one::<i64>("SELECT currval('sturdy.outbox_id_seq')")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            text(
+                "SELECT format('%s %s', outbox, deliveries) FROM sturdy.emit('nobody.listens', '1')"
+            )
+            .as_deref(),
+            Some(format!("{} 0", first + 1).as_str())
+        );
+        assert_eq!(pump(10), "2/2/0/0");
+        assert_eq!(pump(10), "0/0/0/0");
+        assert_eq!(
+            text(&format!(
+                "SELECT string_agg(sub || ':' || (outbox - {first}) || ':' || attempt || ':' || payload, ',' ORDER BY sub)
+                   FROM public.got"
+            ))
+            .as_deref(),
+            Some("flaky:0:1:{\"id\": 7},ok:0:1:{\"id\": 7}")
+        );
+        assert_eq!(
+            text(
+                "SELECT string_agg(DISTINCT format('%s %s %s', state, attempts, delivered_at = now()), ',') FROM sturdy.deliveries"
+            )
+            .as_deref(),
+            Some("done 1 t")
+        );
+    }
+
+    /// The seed's rule: the subscriber's effects roll back, the attempt still
+    /// counts; retry after 2^attempt seconds; dead at max_attempts; the error
+    /// kept (200 characters) with its own SQLSTATE; another subscriber's
+    /// delivery unaffected; redrive brings a dead one back.
+    #[pg_test]
+    fn a_failing_subscriber_is_retried_with_backoff_then_dead_and_redriven() {
+        subscribers();
+        Spi::run(
+            "SELECT sturdy.subscribe('e', 'public.ok(sturdy.outbox, integer)');
+             SELECT sturdy.subscribe('e', 'public.flaky(sturdy.outbox, integer)', 3);
+             SELECT sturdy.emit('e', '{}')",
+        )
+        .unwrap();
+        assert_eq!(pump(10), "2/1/1/0");
+        assert_eq!(
+            text("SELECT string_agg(sub, ',') FROM public.got").as_deref(),
+            Some("ok"),
+            "the failed attempt's insert was rolled back"
+        );
+        let flaky = "FROM sturdy.deliveries WHERE subscriber LIKE 'public.flaky%'";
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s %s %s %s', state, attempts, next_attempt_at - now(), last_sqlstate, length(last_error)) {flaky}"
+            ))
+            .as_deref(),
+            Some("pending 1 00:00:02 AB123 200")
+        );
+        assert!(
+            text(&format!("SELECT last_error {flaky}"))
+                .unwrap()
+                .starts_with("flaky: xxx")
+        );
+        assert_eq!(pump(10), "0/0/0/0", "not due before its backoff");
+        make_due();
+        assert_eq!(pump(10), "1/0/1/0");
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s', attempts, next_attempt_at - now()) {flaky}"
+            ))
+            .as_deref(),
+            Some("2 00:00:04")
+        );
+        make_due();
+        assert_eq!(pump(10), "1/0/0/1");
+        assert_eq!(
+            text(&format!("SELECT format('%s %s', state, attempts) {flaky}")).as_deref(),
+            Some("dead 3")
+        );
+        make_due();
+        assert_eq!(pump(10), "0/0/0/0", "dead is not retried");
+        assert_eq!(
+            text(
+                "SELECT format('%s %s %s %s %s', pending, retrying, done, dead, oldest_pending_age IS NULL)
+                   FROM sturdy.outbox_stats WHERE subscriber LIKE 'public.flaky%'"
+            )
+            .as_deref(),
+            Some("0 0 0 1 t")
+        );
+
+        let id = Spi::get_one::<i64>(&format!("SELECT id {flaky}"))
+            .unwrap()
+            .unwrap();
+        Spi::run("INSERT INTO public.fixed VALUES (true)").unwrap();
+        assert_eq!(
+            Spi::get_one::<bool>(&format!("SELECT sturdy.redrive({id})")).unwrap(),
+            Some(true)
+        );
+        assert_eq!(
+            Spi::get_one::<bool>(&format!("SELECT sturdy.redrive({id})")).unwrap(),
+            Some(false),
+            "only a dead delivery is redriven"
+        );
+        assert_eq!(pump(10), "1/1/0/0");
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s %s', state, attempts, last_sqlstate) {flaky}"
+            ))
+            .as_deref(),
+            Some("done 1 AB123"),
+            "the last failure stays on record after the success"
+        );
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.redrive(123456)").unwrap(),
+            Some(false)
+        );
+    }
+
+    /// One subscriber, one aggregate: emit order, across a retry; a second
+    /// aggregate and unordered messages are not held back by it.
+    #[pg_test]
+    fn deliveries_for_one_aggregate_go_in_emit_order_across_a_retry() {
+        subscribers();
+        Spi::run(
+            "SELECT sturdy.subscribe('e', 'public.flaky(sturdy.outbox, integer)', 10);
+             SELECT sturdy.emit('e', to_jsonb(i), 'A') FROM generate_series(1, 3) i;
+             SELECT sturdy.emit('e', '\"b\"', 'B');
+             SELECT sturdy.emit('e', '\"none\"')",
+        )
+        .unwrap();
+        // every head fails: A's first, B's only and the unordered one
+        assert_eq!(pump(10), "3/0/3/0");
+        make_due();
+        Spi::run("INSERT INTO public.fixed VALUES (true); DELETE FROM public.got").unwrap();
+        // A's head delivered, then its chain followed in the same pump
+        assert_eq!(pump(10), "5/5/0/0");
+        assert_eq!(
+            text("SELECT string_agg(payload::text, ',' ORDER BY n) FROM public.got WHERE payload::text LIKE '_'")
+                .as_deref(),
+            Some("1,2,3")
+        );
+    }
+
+    /// A later delivery of an aggregate waits while an earlier one waits for
+    /// its retry; the chain's budget is what max leaves after the heads.
+    #[pg_test]
+    fn a_later_delivery_waits_for_an_earlier_retry_and_max_bounds_a_chain() {
+        subscribers();
+        Spi::run(
+            "SELECT sturdy.subscribe('e', 'public.flaky(sturdy.outbox, integer)');
+             SELECT sturdy.emit('e', to_jsonb(i), 'A') FROM generate_series(1, 4) i",
+        )
+        .unwrap();
+        assert_eq!(pump(10), "1/0/1/0");
+        make_due();
+        Spi::run("UPDATE sturdy.deliveries SET next_attempt_at = now() + interval '1 hour' WHERE attempts = 1")
+            .unwrap();
+        assert_eq!(pump(10), "0/0/0/0", "2..4 wait behind 1's retry");
+        Spi::run("INSERT INTO public.fixed VALUES (true); DELETE FROM public.got").unwrap();
+        make_due();
+        assert_eq!(pump(2), "2/2/0/0");
+        assert_eq!(pump(1), "1/1/0/0");
+        assert_eq!(pump(5), "1/1/0/0");
+        assert_eq!(
+            text("SELECT string_agg(payload::text, ',' ORDER BY n) FROM public.got").as_deref(),
+            Some("1,2,3,4")
+        );
+    }
+
+    #[pg_test]
+    fn a_dropped_subscriber_is_a_recorded_failure_and_unsubscribe_stops_new_deliveries() {
+        subscribers();
+        Spi::run(
+            "SELECT sturdy.subscribe('e', 'public.ok(sturdy.outbox, integer)', 1);
+             SELECT sturdy.emit('e', '1');",
+        )
+        .unwrap();
+        assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT sturdy.unsubscribe('e', 'public.ok(sturdy.outbox, integer)')"
+            )
+            .unwrap(),
+            Some(true)
+        );
+        assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT sturdy.unsubscribe('e', 'public.ok(sturdy.outbox, integer)')"
+            )
+            .unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            text("SELECT format('%s', deliveries) FROM sturdy.emit('e', '2')").as_deref(),
+            Some("0")
+        );
+        Spi::run("DROP FUNCTION public.ok(sturdy.outbox, integer)").unwrap();
+        assert_eq!(
+            pump(10),
+            "1/0/0/1",
+            "the delivery made before unsubscribe still goes out"
+        );
+        assert_eq!(
+            text("SELECT format('%s %s', last_sqlstate, last_error) FROM sturdy.deliveries")
+                .as_deref(),
+            Some("42883 subscriber function public.ok(sturdy.outbox,integer) does not exist")
+        );
+    }
+
+    #[pg_test]
+    fn bad_input_gets_a_clear_error_and_writes_nothing() {
+        subscribers();
+        Spi::run(
+            "CREATE FUNCTION public.wrong(m jsonb) RETURNS void LANGUAGE sql AS 'SELECT';
+             CREATE PROCEDURE public.proc(m sturdy.outbox, attempt int) LANGUAGE sql AS 'SELECT';",
+        )
+        .unwrap();
+        let ok = "'public.ok(sturdy.outbox, integer)'";
+        for (sql, state) in [
+            (
+                "SELECT sturdy.subscribe('e', 'public.wrong(jsonb)')".to_owned(),
+                "22023",
+            ),
+            (
+                "SELECT sturdy.subscribe('e', 'public.proc(sturdy.outbox, integer)')".into(),
+                "22023",
+            ),
+            (
+                "SELECT sturdy.subscribe('e', 'pg_catalog.now()')".into(),
+                "22023",
+            ),
+            (
+                "SELECT sturdy.subscribe('e', 999999::oid::regprocedure)".into(),
+                "42883",
+            ),
+            (format!("SELECT sturdy.subscribe('', {ok})"), "22023"),
+            (format!("SELECT sturdy.subscribe(NULL, {ok})"), "22004"),
+            ("SELECT sturdy.subscribe('e', NULL)".into(), "22004"),
+            (format!("SELECT sturdy.subscribe('e', {ok}, 0)"), "22023"),
+            (format!("SELECT sturdy.subscribe('e', {ok}, NULL)"), "22004"),
+            (format!("SELECT sturdy.unsubscribe('', {ok})"), "22023"),
+            ("SELECT sturdy.emit('', '1')".into(), "22023"),
+            ("SELECT sturdy.emit(NULL, '1')".into(), "22004"),
+            ("SELECT sturdy.emit('e', NULL)".into(), "22004"),
+            ("SELECT sturdy.emit('e', '1', '')".into(), "22023"),
+            ("SELECT sturdy.emit('e', '\"\\u0000\"')".into(), "22P05"),
+            ("SELECT sturdy.pump(0)".into(), "22023"),
+            ("SELECT sturdy.pump(-1)".into(), "22023"),
+            ("SELECT sturdy.pump(NULL)".into(), "22004"),
+            ("SELECT sturdy.redrive(NULL)".into(), "22004"),
+        ] {
+            assert_eq!(sqlstate_of(&sql), state, "{sql}");
+        }
+        assert!(
+            error_of("SELECT sturdy.subscribe('e', 'public.wrong(jsonb)')")
+                .contains("must be a plain function taking (sturdy.outbox, integer)")
+        );
+        assert_eq!(count("sturdy.subscriptions"), 0);
+        assert_eq!(count("sturdy.outbox"), 0);
+        assert_eq!(count("sturdy.deliveries"), 0);
+    }
+
+    /// The wakeup mark: set by a pump that found nothing, cleared by the next
+    /// emit with deliveries (which sends the NOTIFY), not by one without.
+    #[pg_test]
+    fn an_empty_pump_leaves_the_mark_and_the_next_emit_clears_it() {
+        subscribers();
+        Spi::run("SELECT sturdy.subscribe('e', 'public.ok(sturdy.outbox, integer)')").unwrap();
+        assert_eq!(pump(5), "0/0/0/0");
+        assert_eq!(count("sturdy.outbox_waiters"), 1);
+        Spi::run("SELECT sturdy.emit('nobody', '1')").unwrap();
+        assert_eq!(count("sturdy.outbox_waiters"), 1);
+        Spi::run("SELECT sturdy.emit('e', '1')").unwrap();
+        assert_eq!(count("sturdy.outbox_waiters"), 0);
+    }
+}
