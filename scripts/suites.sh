@@ -12,11 +12,18 @@ export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 bindir=$("$PG_CONFIG" --bindir)
 pgxs=$("$PG_CONFIG" --pkglibdir)/pgxs/src/test
 out=$dir/out
-regress=(claims checkpoints security hostile_setup hostile_claims hostile_checkpoints hostile_queue catalog encoding)
-isolation=(claim-race record-takeover transact-supply take-skip-locked wakeup-during-pass arrive-notify)
+regress=(claims checkpoints security hostile_setup hostile_claims hostile_checkpoints hostile_queue hostile_outbox catalog encoding)
+isolation=(claim-race record-takeover transact-supply take-skip-locked wakeup-during-pass arrive-notify pump-skip-locked emit-visibility)
 
 echo "suites: $("$PG_CONFIG" --version)"
-scripts/cluster.sh start "$dir/cluster" "$port"
+# pg_cron, where this server has it (Debian's postgresql-15-cron), for the
+# test of a cron job pumping the outbox.
+conf=()
+if [ -f "$("$PG_CONFIG" --pkglibdir)/pg_cron.so" ]; then
+    conf=("shared_preload_libraries = 'pg_cron'" "cron.database_name = 'sturdy_concurrency'"
+          "cron.use_background_workers = on" "max_worker_processes = 16")
+fi
+scripts/cluster.sh start "$dir/cluster" "$port" "${conf[@]}"
 trap 'scripts/cluster.sh stop "$dir/cluster" >/dev/null || true' EXIT
 rm -rf "$out"; mkdir -p "$out/regress" "$out/isolation"
 # The test tools run as the postgres OS user, who may not be able to read a

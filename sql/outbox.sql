@@ -38,6 +38,7 @@ CREATE TABLE sturdy.outbox (
 ALTER SEQUENCE sturdy.outbox_id_seq OWNED BY sturdy.outbox.id;
 SELECT pg_catalog.pg_extension_config_dump('sturdy.outbox', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.outbox_id_seq', '');
+COMMENT ON SEQUENCE sturdy.outbox_id_seq IS 'Ids of sturdy.outbox (kept by pg_dump, so ids continue after a restore).';
 COMMENT ON TABLE sturdy.outbox IS
     'Events, one row per sturdy.emit, written in the emitting transaction. Its row type is the message handed to subscribers.';
 COMMENT ON COLUMN sturdy.outbox.id IS 'Emit order: deliveries for one aggregate go out in this order.';
@@ -74,6 +75,7 @@ CREATE INDEX deliveries_order ON sturdy.deliveries (subscriber, aggregate_id, id
 CREATE INDEX deliveries_outbox ON sturdy.deliveries (outbox_id);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries_id_seq', '');
+COMMENT ON SEQUENCE sturdy.deliveries_id_seq IS 'Ids of sturdy.deliveries (kept by pg_dump, so ids continue after a restore).';
 COMMENT ON TABLE sturdy.deliveries IS
     'One row per (message, subscriber): pending until sturdy.pump delivers it (done) or gives up after max_attempts (dead).';
 COMMENT ON COLUMN sturdy.deliveries.id IS 'The delivery id sturdy.redrive takes.';

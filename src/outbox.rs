@@ -31,7 +31,9 @@
 //! the event name, delivered at commit. While pumps keep finding work there
 //! is no mark and no notification, so a busy system never commits its emits
 //! under the notification lock. Retries coming due wake nobody: a pump loop
-//! waits with a timeout.
+//! waits with a timeout. (An idle pump leaving its mark while an open
+//! transaction's emit is clearing the previous one waits for that
+//! transaction to end, and is then notified by it.)
 //!
 //! Subscribers run with the rights and `search_path` of whoever calls `pump`,
 //! and only if that role may execute them. Our own statements qualify every

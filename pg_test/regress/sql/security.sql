@@ -64,6 +64,30 @@ SELECT sturdy.transact('sec-4', 1, 's', 'priv.f(jsonb)'::regprocedure, '{"ok": 1
 RESET ROLE;
 SELECT u FROM priv.ran;
 
+-- pump calls a subscriber with its caller's rights, and only if its caller
+-- may execute it: otherwise the attempt fails with 42501, on record
+CREATE TABLE priv.delivered (u text, id bigint);
+CREATE FUNCTION priv.sub(m sturdy.outbox, attempt int) RETURNS void LANGUAGE sql
+  AS 'INSERT INTO priv.delivered VALUES (current_user, m.id)';
+REVOKE ALL ON FUNCTION priv.sub(sturdy.outbox, integer) FROM PUBLIC;
+SELECT sturdy.subscribe('sec.e', 'priv.sub(sturdy.outbox, integer)', 2);
+SET ROLE sturdy_regress_app;
+-- nor may a role subscribe a function it could not call
+SELECT sturdy.subscribe('sec.other', 'priv.sub(sturdy.outbox, integer)');
+\echo :LAST_ERROR_SQLSTATE
+SELECT deliveries FROM sturdy.emit('sec.e', '{}');
+SELECT * FROM sturdy.pump(10);
+RESET ROLE;
+SELECT state, attempts, last_sqlstate, last_error FROM sturdy.deliveries WHERE subscriber LIKE 'priv.sub%';
+GRANT EXECUTE ON FUNCTION priv.sub(sturdy.outbox, integer) TO sturdy_regress_app;
+GRANT INSERT ON priv.delivered TO sturdy_regress_app;
+UPDATE sturdy.deliveries SET next_attempt_at = now() WHERE subscriber LIKE 'priv.sub%';
+SET ROLE sturdy_regress_app;
+SELECT * FROM sturdy.pump(10);
+RESET ROLE;
+SELECT u FROM priv.delivered;
+SELECT count(*) AS other_subscriptions FROM sturdy.subscriptions WHERE event = 'sec.other';
+
 -- user data survives pg_dump
 SELECT c.relname, c.relkind FROM pg_extension e, unnest(e.extconfig) AS cfg(oid)
   JOIN pg_class c ON c.oid = cfg.oid WHERE e.extname = 'pg_sturdy' ORDER BY 1;
