@@ -55,9 +55,13 @@ if ! python3 -c 'import psycopg' 2>/dev/null; then
     python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.2,<4'
 fi
 # aflib 0.0.7, the seed, for the benchmark's comparison columns: its
-# PL/Python outbox runs in the server's Python (the system python3).
-if ! python3 -c 'import aflib' 2>/dev/null; then
-    echo "bootstrap: pip install aflib==0.0.7"
-    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'aflib==0.0.7'
+# PL/Python outbox runs inside the server, in the system Python, so the pure
+# Python wheel goes where the postgres OS user can read it.
+AFLIB_DIR=${AFLIB_DIR:-/opt/pg_sturdy/aflib}
+if [ ! -f "$AFLIB_DIR/aflib/events.py" ]; then
+    echo "bootstrap: aflib 0.0.7 into $AFLIB_DIR"
+    "${as_root[@]}" python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+        --no-deps --target "$AFLIB_DIR" 'aflib==0.0.7'
+    "${as_root[@]}" chmod -R a+rX "$AFLIB_DIR"
 fi
 echo "bootstrap: ready (cargo-pgrx $PGRX_VERSION, $("$PG15_CONFIG" --version), $("$PG18_CONFIG" --version))"

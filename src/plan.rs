@@ -45,7 +45,8 @@ pub struct Statement {
     /// whose custom plans would never lose to it on estimates alone: `LIMIT $3`
     /// makes the planner cost a generic plan for 10% of the table, so the plan
     /// cache re-plans on every call (~0.15 ms) though the generic plan is the
-    /// same index scan. Only with [`run_as_set`], and only for writes.
+    /// same index scan. Only with [`run_as_set`] and [`run_generic`], and
+    /// only for writes.
     pub generic: bool,
 }
 
@@ -161,30 +162,99 @@ pub fn run_as_set(
         return run_one(stmt, args, |_| fill_result(call));
     }
     Spi::connect(|_| {
-        let plan = stmt.generic_plan()?;
-        let values: Vec<pg_sys::Datum> = args
-            .iter()
-            .map(|a| {
-                a.datum()
-                    .map_or(pg_sys::Datum::from(0), |d| d.sans_lifetime())
-            })
-            .collect();
-        let nulls: Vec<std::ffi::c_char> = args
-            .iter()
-            .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
-            .collect();
-        // SAFETY: `plan` was prepared for exactly these argument types (the
-        // statement's), inside the SPI connection this closure runs in.
-        let rc = unsafe {
-            pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
-        };
-        if rc < 0 {
-            return Err(Error::Internal {
-                context: "SPI_execute_plan",
-                cause: format!("SPI error {rc}"),
-            });
-        }
+        execute_generic(stmt, args)?;
         fill_result(call)
+    })
+}
+
+/// Run `stmt`'s kept generic plan on the open SPI connection; its rows are in
+/// SPI_tuptable.
+fn execute_generic(stmt: &'static Statement, args: &[DatumWithOid<'_>]) -> Result<()> {
+    let plan = stmt.generic_plan()?;
+    let values: Vec<pg_sys::Datum> = args
+        .iter()
+        .map(|a| {
+            a.datum()
+                .map_or(pg_sys::Datum::from(0), |d| d.sans_lifetime())
+        })
+        .collect();
+    let nulls: Vec<std::ffi::c_char> = args
+        .iter()
+        .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
+        .collect();
+    // SAFETY: `plan` was prepared for exactly these argument types (the
+    // statement's), inside the SPI connection our caller opened.
+    let rc = unsafe {
+        pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
+    };
+    if rc < 0 {
+        return Err(Error::Internal {
+            context: "SPI_execute_plan",
+            cause: format!("SPI error {rc}"),
+        });
+    }
+    Ok(())
+}
+
+/// The rows of a statement run by [`run_generic`], read by position.
+pub struct Rows {
+    table: *mut pg_sys::SPITupleTable,
+    len: usize,
+}
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Column `col` (from 1) of row `row` (from 0), `None` when NULL (or out
+    /// of range). Values that point into the row (`text`, `jsonb`, rows) are
+    /// copied out of SPI's memory, as pgrx's own reader copies them, so they
+    /// outlive the connection.
+    pub fn get<T: FromDatum>(&self, row: usize, col: usize) -> Option<T> {
+        if row >= self.len || self.table.is_null() {
+            return None;
+        }
+        // SAFETY: `table` is the SPI_tuptable of the statement just run in the
+        // connection still open around the `read` closure that holds `self`;
+        // `row` is in range; SPI_getbinval checks `col` and reports NULL for
+        // an invalid one (SPI_result is then set, and we answer None).
+        unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            let desc = (*self.table).tupdesc;
+            if col < 1 || col > (*desc).natts as usize {
+                return None;
+            }
+            let mut isnull = false;
+            let datum = pg_sys::SPI_getbinval(tuple, desc, col as i32, &mut isnull);
+            let parent = pgrx::PgMemoryContexts::CurrentMemoryContext.parent()?;
+            T::from_datum_in_memory_context(
+                parent,
+                datum,
+                isnull,
+                pg_sys::SPI_gettypeid(desc, col as i32),
+            )
+        }
+    }
+}
+
+/// Run `stmt` (declared `generic: true`) through its kept generic plan and
+/// read its rows: for a statement whose custom plans cost a re-plan on every
+/// call and never beat the generic one (see [`Statement::generic`]).
+pub fn run_generic<R>(
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+    read: impl FnOnce(Rows) -> Result<R>,
+) -> Result<R> {
+    Spi::connect(|_| {
+        execute_generic(stmt, args)?;
+        // SAFETY: set by the statement just run in this connection.
+        let (table, len) = unsafe { (pg_sys::SPI_tuptable, pg_sys::SPI_processed as usize) };
+        read(Rows { table, len })
     })
 }
 
