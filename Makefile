@@ -15,7 +15,7 @@ export PG_CONFIG
 export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 CARGO_FEATURES = --no-default-features --features pg$(PG_MAJOR)
 
-.PHONY: demo test bench instructions bootstrap install install-debug unit suites lint fmt clean
+.PHONY: demo test bench bench-outbox instructions bootstrap install install-debug unit suites lint fmt clean
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -58,6 +58,11 @@ suites:
 
 bench: install
 	scripts/bench.py
+	scripts/bench_outbox.py
+
+# Only the outbox's per-delivery comparison.
+bench-outbox: install
+	scripts/bench_outbox.py
 
 # Instructions per call against the plain statements (callgrind): a cost that
 # does not move with the host.

@@ -2,7 +2,9 @@
 # The demo: two workers, one workflow, fencing in action (each "worker" line
 # runs on its own connection); then a queue worker that sleeps on LISTEN,
 # takes with a claim, suspends with wake_at and wakes when an approval
-# arrives (scripts/demo_worker.py). By default it starts a scratch cluster under
+# arrives (scripts/demo_worker.py); then the outbox: an order and its event
+# committed together, two subscribers, retries with backoff, a dead letter
+# and its redrive. By default it starts a scratch cluster under
 # target/demo; set PGSTURDY_DSN to run it against an existing server instead
 # (the extension must be installed there: `make install`, then it creates it).
 set -euo pipefail
@@ -78,4 +80,45 @@ q worker-b "SELECT sturdy.release('order-42', 2) AS released"
 
 say "The queue: a worker that sleeps on LISTEN, suspends for an approval, and wakes when it arrives"
 python3 scripts/demo_worker.py "$PGSTURDY_DSN"
+say "The outbox: an order and its event commit together; two subscribers, in the server"
+q setup "CREATE TABLE orders (id text PRIMARY KEY, total numeric);
+CREATE TABLE emails (order_id text, attempt int);
+CREATE TABLE crm_status (online boolean);
+INSERT INTO crm_status VALUES (false);
+-- the mail server times out twice, then takes the message
+CREATE FUNCTION send_email(m sturdy.outbox, attempt int) RETURNS void LANGUAGE plpgsql AS \$\$
+BEGIN
+  INSERT INTO emails VALUES (m.payload->>'order', attempt);
+  IF attempt < 3 THEN RAISE EXCEPTION 'smtp: timed out' USING ERRCODE = 'EM001'; END IF;
+END \$\$;
+-- the CRM is down until someone fixes it
+CREATE FUNCTION update_crm(m sturdy.outbox, attempt int) RETURNS void LANGUAGE plpgsql AS \$\$
+BEGIN
+  IF NOT (SELECT online FROM crm_status) THEN
+    RAISE EXCEPTION 'crm: 503 service unavailable' USING ERRCODE = 'CR503';
+  END IF;
+END \$\$;
+SELECT sturdy.subscribe('order.placed', 'send_email(sturdy.outbox, integer)', max_attempts => 5);
+SELECT sturdy.subscribe('order.placed', 'update_crm(sturdy.outbox, integer)', max_attempts => 2);"
+q app "BEGIN;
+INSERT INTO orders VALUES ('order-42', 99.50);
+SELECT * FROM sturdy.emit('order.placed', '{\"order\": \"order-42\", \"total\": 99.50}', aggregate_id => 'order-42');
+COMMIT"
+say "A pump (a pg_cron job, a worker loop) delivers: both subscribers fail; their effects are rolled back, the attempts counted"
+q pump "SELECT * FROM sturdy.pump()"
+q anyone "SELECT count(*) AS emails_kept FROM emails"
+q anyone "SELECT subscriber, state, attempts, next_attempt_at - now() AS retry_in, last_sqlstate, last_error FROM sturdy.deliveries ORDER BY id"
+say "Two seconds later (2^1): the mail server times out again, the CRM is dead after its 2 attempts"
+sleep 2.2
+q pump "SELECT * FROM sturdy.pump()"
+say "Four seconds later (2^2): the email goes out on its third attempt"
+sleep 4.2
+q pump "SELECT * FROM sturdy.pump()"
+q anyone "SELECT order_id, attempt FROM emails"
+q anyone "SELECT event, subscriber, pending, retrying, done, dead, oldest_pending_age FROM sturdy.outbox_stats ORDER BY subscriber"
+say "The CRM is fixed: redrive its dead delivery, and the next pump delivers it"
+q ops "UPDATE crm_status SET online = true"
+q ops "SELECT sturdy.redrive(id) FROM sturdy.deliveries WHERE state = 'dead'"
+q pump "SELECT * FROM sturdy.pump()"
+q anyone "SELECT event, subscriber, pending, retrying, done, dead FROM sturdy.outbox_stats ORDER BY subscriber"
 say "Done."
