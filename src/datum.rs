@@ -17,6 +17,11 @@ use pgrx::{FromDatum, IntoDatum, PgMemoryContexts};
 pub struct Text(pg_sys::Datum);
 
 impl Text {
+    /// A new `text` value holding `s`, allocated in the current memory context.
+    pub fn new(s: &str) -> Text {
+        Text(s.into_datum().unwrap_or(pg_sys::Datum::from(0)))
+    }
+
     /// The text's bytes, in the server encoding.
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: the datum is a detoasted varlena (from_polymorphic_datum),
@@ -91,6 +96,33 @@ impl FromDatum for Jsonb {
                     datum.cast_mut_ptr(),
                 ))))
             })
+        }
+    }
+}
+
+impl Jsonb {
+    /// The JSON type of the top-level value, as `jsonb_typeof` names it for
+    /// containers: `object`, `array`, or `scalar` for a string, number,
+    /// boolean or null.
+    pub fn kind(&self) -> &'static str {
+        // JsonbContainer's header (jsonb.h): the first 4 bytes after the
+        // varlena header, with one flag bit per container kind; a top-level
+        // scalar is stored as a one-element array flagged scalar.
+        const JB_FSCALAR: u32 = 0x1000_0000;
+        const JB_FOBJECT: u32 = 0x2000_0000;
+        // SAFETY: a non-null jsonb datum; detoasted (or its short header
+        // kept) so the container header follows the varlena header.
+        let header = unsafe {
+            let plain = pg_sys::pg_detoast_datum_packed(self.0.cast_mut_ptr());
+            let data = pgrx::varlena::vardata_any(plain).cast::<u8>();
+            u32::from_ne_bytes(std::ptr::read_unaligned(data.cast::<[u8; 4]>()))
+        };
+        if header & JB_FOBJECT != 0 {
+            "object"
+        } else if header & JB_FSCALAR != 0 {
+            "scalar"
+        } else {
+            "array"
         }
     }
 }

@@ -35,6 +35,12 @@ pub enum Error {
         token: i64,
         current: Option<i64>,
     },
+    /// `finish` asked to move an instance that is already in a terminal status.
+    Terminal {
+        workflow: String,
+        status: String,
+        to: String,
+    },
     /// `transact`'s effect is not a plain `jsonb -> jsonb` function.
     EffectSignature { effect: String },
     /// The caller may not execute a function we were asked to call
@@ -80,6 +86,7 @@ impl Error {
             Error::NotPermitted { .. } => *b"42501",
             Error::SubscriberMissing { .. } => *b"42883",
             Error::Fenced { .. } => *b"SD001",
+            Error::Terminal { .. } => *b"SD002",
             Error::Raised { code, .. } => *code,
             Error::Internal { .. } => *b"XX000",
         }
@@ -115,6 +122,9 @@ impl Error {
             }
             Error::Fenced { .. } => "Another pass has claimed this workflow since this token was issued: \
                  stop this pass and let the newer one carry on. Nothing was written."
+                .into(),
+            Error::Terminal { .. } => "A finished instance keeps its status: finish without a status, \
+                 or start a new instance. Nothing was written."
                 .into(),
             Error::EffectSignature { .. } => {
                 "An effect is a function (arg jsonb) RETURNS jsonb, e.g. 'my_effect(jsonb)'::regprocedure."
@@ -182,6 +192,14 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "workflow {workflow:?} is fenced: token {token} was never issued (no claim exists)"
+            ),
+            Error::Terminal {
+                workflow,
+                status,
+                to,
+            } => write!(
+                f,
+                "the instance of workflow {workflow:?} is {status}, a terminal status, and cannot move to {to}"
             ),
             Error::EffectSignature { effect } => write!(
                 f,

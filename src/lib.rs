@@ -33,6 +33,7 @@ mod checkpoint;
 mod claim;
 mod outbox;
 mod queue;
+mod workflow;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
@@ -51,7 +52,19 @@ pgrx::extension_sql_file!(
     requires = ["checkpoints"]
 );
 pgrx::extension_sql_file!("../sql/outbox.sql", name = "outbox", requires = ["queue"]);
+pgrx::extension_sql_file!(
+    "../sql/workflow.sql",
+    name = "workflow",
+    requires = ["outbox"]
+);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+
+/// Run once per backend, when the library is loaded: our settings.
+#[allow(unsafe_code)]
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    workflow::define_settings();
+}
 
 /// Hooks for `cargo pgrx test`.
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //!   never parses or plans.
 //! - [`run_one`]: open an SPI connection, run one statement, read its result.
 //! - [`run_as_set`]: a statement's rows as a set-returning function's result;
-//!   [`return_row`]: one row computed in Rust as that result.
+//!   [`return_rows`]: rows computed in Rust as that result.
 //!
 //! No function pins `search_path`. Instead every statement names everything
 //! it uses with its schema — tables (`sturdy.claims`), functions
@@ -302,33 +302,41 @@ fn fill_result(call: &Args) -> Result<usize> {
     }
 }
 
-/// Make one row of values computed here the result of the set-returning
-/// function `call` (a summary such as `pump`'s counts). `values` are in the
-/// order and of the types of the declared result columns; `None` is NULL.
-pub fn return_row(call: &Args, values: &[Option<pg_sys::Datum>]) -> Result<()> {
+/// Make rows of values computed here the result of the set-returning
+/// function `call` (a summary such as `pump`'s counts). Each row has the
+/// values of the declared result columns, in order and of their types;
+/// `None` is NULL.
+pub fn return_rows(call: &Args, rows: &[&[Option<pg_sys::Datum>]]) -> Result<()> {
     let fcinfo = call.fcinfo();
     // SAFETY: as in `fill_result`: the live call of a set-returning function;
-    // the descriptor is the declared result's, and `values` has one datum of
+    // the descriptor is the declared result's, and each row has one datum of
     // the declared type per column (checked in count here, in type by the
     // caller's declaration next to its `#[sql_function]`).
     unsafe {
         pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
         let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
         let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
-        if (*desc).natts as usize != values.len() {
-            return Err(Error::Internal {
-                context: "set-returning function",
-                cause: "the row does not match the declared result".into(),
-            });
+        for values in rows {
+            if (*desc).natts as usize != values.len() {
+                return Err(Error::Internal {
+                    context: "set-returning function",
+                    cause: "a row does not match the declared result".into(),
+                });
+            }
+            let mut datums: Vec<pg_sys::Datum> = values
+                .iter()
+                .map(|v| v.unwrap_or(pg_sys::Datum::from(0)))
+                .collect();
+            let mut nulls: Vec<bool> = values.iter().map(Option::is_none).collect();
+            pg_sys::tuplestore_putvalues(store, desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
         }
-        let mut datums: Vec<pg_sys::Datum> = values
-            .iter()
-            .map(|v| v.unwrap_or(pg_sys::Datum::from(0)))
-            .collect();
-        let mut nulls: Vec<bool> = values.iter().map(Option::is_none).collect();
-        pg_sys::tuplestore_putvalues(store, desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
     }
     Ok(())
+}
+
+/// One row of values computed here as the result (see [`return_rows`]).
+pub fn return_row(call: &Args, values: &[Option<pg_sys::Datum>]) -> Result<()> {
+    return_rows(call, &[values])
 }
 
 /// The first column of the first row, or `None` when there is no row (or it

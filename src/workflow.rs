@@ -1,0 +1,1063 @@
+//! Workflow instances: a process started for a business key, moved through
+//! its statuses by compare-and-set, found when it stops moving, and swept
+//! away some time after it finished.
+//!
+//! `start` writes a `pending` instance and schedules its workflow on the
+//! queue in the caller's transaction, so the instance exists exactly when the
+//! change that started it does, and a worker will take it. Its workflow name
+//! is `process/id`: the name its claims, checkpoints and queue row use.
+//!
+//! Idempotency: a start with a key first reserves `(process, key)` with an
+//! insert on the key's primary key. Two starts racing on one key meet on that
+//! index: the second waits for the first to commit, then finds the key taken
+//! and returns the first one's instance instead of creating another (no
+//! error); if the first rolls back, the second's insert goes through and it
+//! creates the instance. A key lives `sturdy.idempotency_ttl` from when it was
+//! written (the setting as it was then); after that a start reuses it for a
+//! new instance.
+//!
+//! Statuses: `pending`, `running`, and the terminal `succeeded`, `failed` and
+//! `cancelled`, which are never left. Every move is a compare-and-set on the
+//! current status (and, when given, the revision, which every move bumps), so
+//! of two racing moves one wins and the other is told so. `transition` and
+//! `finish` with a token are fenced exactly like `record`: the claim row is
+//! read `FOR UPDATE` and only the current token passes.
+//!
+//! `finish` ends a worker's pass in one call: fence, record the final step,
+//! move the instance, release the claim, and `done` the queue row under the
+//! receipt rule. A worker's whole pass is then two calls, `take(claim =>
+//! true)` and `finish`.
+//!
+//! `sweep` deletes in bounded batches (a `pg_cron` job calls it again and
+//! again): finished instances older than the cutoff with their checkpoints,
+//! claims and queue rows, outbox messages whose deliveries are all done, and
+//! expired idempotency keys. It skips what a live pass may hold: an instance
+//! whose claim is held or whose queue row is leased, and rows other
+//! transactions have locked.
+
+use pg_sturdy_macros::sql_function;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{IntoDatum, pg_sys};
+
+use crate::args::{self, Name};
+use crate::claim;
+use crate::datum::{Jsonb, Text};
+use crate::error::{Error, MAX_NAME_BYTES, Result};
+use crate::fmgr::Args;
+use crate::plan::{self, Statement, first_value, null, run_one};
+use crate::queue;
+
+/// How long an idempotency key keeps returning its first instance, in
+/// milliseconds (a duration with units when set: `'300ms'`, `'24h'`).
+pub static IDEMPOTENCY_TTL: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60 * 1000);
+
+/// Called from `_PG_init`.
+pub fn define_settings() {
+    GucRegistry::define_int_guc(
+        c"sturdy.idempotency_ttl",
+        c"How long a start's idempotency key returns the instance it first created.",
+        c"A duration (e.g. '24h', '300ms'), fixed on the key when it is written; at most about 24 days.",
+        &IDEMPOTENCY_TTL,
+        1,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+}
+
+const STATUSES: [&str; 5] = ["pending", "running", "succeeded", "failed", "cancelled"];
+const TERMINAL: [&str; 3] = ["succeeded", "failed", "cancelled"];
+
+/// A status argument: one of [`STATUSES`].
+fn parse_status(arg: &'static str, v: Option<Text>) -> Result<&'static str> {
+    let v = args::required(arg, v)?;
+    STATUSES
+        .iter()
+        .find(|s| s.as_bytes() == v.bytes())
+        .copied()
+        .ok_or_else(|| Error::Invalid {
+            arg,
+            why: format!(
+                "must be one of pending, running, succeeded, failed, cancelled, got {:?}",
+                v.lossy()
+            ),
+            hint: "Pass one of the five statuses, in lower case.",
+        })
+}
+
+/// An instance's workflow name is `process/id`, and a workflow name is a
+/// name: at most MAX_NAME_BYTES. Room for the `/` and any bigint.
+const MAX_PROCESS_BYTES: usize = MAX_NAME_BYTES - 21;
+
+static START: Statement = Statement {
+    sql: "INSERT INTO sturdy.instances
+                 (id, process, business_key, workflow, queue, variables, created_at, updated_at)
+          SELECT n.id, $1, $2, $1 OPERATOR(pg_catalog.||) '/' OPERATOR(pg_catalog.||) n.id::pg_catalog.text,
+                 COALESCE($4, $1), $3, pg_catalog.now(), pg_catalog.now()
+            FROM (SELECT COALESCE($5, pg_catalog.nextval('sturdy.instances_id_seq'::pg_catalog.regclass)) AS id) n
+          RETURNING id, workflow, queue",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT8OID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// Reserve `(process, key)` for a new instance id; an expired key is taken
+/// over. No row back: the key is live and belongs to another instance (the
+/// conflicting row is now locked, and [`KEY_OWNER`] reads it).
+static RESERVE_KEY: Statement = Statement {
+    sql: "INSERT INTO sturdy.idempotency_keys AS k (process, key, instance, created_at, expires_at)
+          SELECT $1, $2, n.id, pg_catalog.now(),
+                 pg_catalog.now() OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, $3)
+            FROM (SELECT pg_catalog.nextval('sturdy.instances_id_seq'::pg_catalog.regclass) AS id) n
+          ON CONFLICT (process, key) DO UPDATE
+             SET instance = EXCLUDED.instance, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+           WHERE k.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+          RETURNING k.instance",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::FLOAT8OID],
+    writes: true,
+    generic: false,
+};
+
+static KEY_OWNER: Statement = Statement {
+    sql: "SELECT instance FROM sturdy.idempotency_keys
+           WHERE process OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    // a fresh snapshot: the key a concurrent start just committed
+    writes: true,
+    generic: false,
+};
+
+/// The newest instance of a business key; its step is its newest checkpoint,
+/// and its last progress the later of its last status change and that.
+static STATUS: Statement = Statement {
+    sql: "SELECT i.id, i.process, i.workflow, i.status, i.revision, cp.step, i.last_error,
+                 GREATEST(i.updated_at, cp.recorded_at)
+            FROM (SELECT id, process, workflow, status, revision, last_error, updated_at FROM sturdy.instances
+                   WHERE business_key OPERATOR(pg_catalog.=) $1
+                   ORDER BY id DESC LIMIT 1) i
+            LEFT JOIN LATERAL (
+                 SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
+                  WHERE c.workflow OPERATOR(pg_catalog.=) i.workflow
+                  ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1) cp ON true",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
+/// Live instances whose last status change and last checkpoint are both
+/// older than the cutoff.
+static STUCK: Statement = Statement {
+    sql: "SELECT i.id, i.process, i.business_key, i.workflow, i.status,
+                 GREATEST(i.updated_at, p.at) AS stalled_since
+            FROM sturdy.instances i
+            LEFT JOIN LATERAL (
+                 SELECT pg_catalog.max(c.recorded_at) AS at FROM sturdy.checkpoints c
+                  WHERE c.workflow OPERATOR(pg_catalog.=) i.workflow) p ON true
+           WHERE i.status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])
+             AND i.updated_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
+             AND (p.at IS NULL OR p.at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1))
+           ORDER BY stalled_since, i.id",
+    args: &[pg_sys::INTERVALOID],
+    writes: false,
+    generic: false,
+};
+
+static INSTANCE_WORKFLOW: Statement = Statement {
+    sql: "SELECT workflow FROM sturdy.instances WHERE id OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::INT8OID],
+    writes: false,
+    generic: false,
+};
+
+/// The compare-and-set: from `$2`, never from a terminal status, at revision
+/// `$4` when given.
+static TRANSITION: Statement = Statement {
+    sql: "UPDATE sturdy.instances
+             SET status = $3, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
+                 finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
+                                    THEN pg_catalog.now() END,
+                 last_error = COALESCE($5, last_error)
+           WHERE id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) $2
+             AND NOT (status OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[]))
+             AND ($4 IS NULL OR revision OPERATOR(pg_catalog.=) $4)
+          RETURNING true",
+    args: &[
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT8OID,
+        pg_sys::TEXTOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// `finish`'s fence: the claim row locked, and the workflow's instance (if
+/// any) locked with its status.
+static FINISH_FENCE: Statement = Statement {
+    sql: "WITH inst AS (
+              SELECT status FROM sturdy.instances WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE)
+          SELECT c.token, (SELECT status FROM inst)
+            FROM sturdy.claims c
+           WHERE c.workflow OPERATOR(pg_catalog.=) $1
+             FOR UPDATE OF c",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// The rest of `finish`, in one statement: the step (first writer wins), the
+/// move, the release, and the receipt-ruled delete, whose answer it returns.
+static FINISH: Statement = Statement {
+    sql: "WITH recorded AS (
+              INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
+              SELECT $1, $4, $5, $2, pg_catalog.clock_timestamp() WHERE $4 IS NOT NULL
+              ON CONFLICT (workflow, step) DO NOTHING
+              RETURNING 1),
+          moved AS (
+              UPDATE sturdy.instances
+                 SET status = $6, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
+                     finished_at = CASE WHEN $6 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
+                                        THEN pg_catalog.now() END,
+                     last_error = COALESCE($8, last_error)
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND $6 IS NOT NULL
+              RETURNING 1),
+          released AS (
+              UPDATE sturdy.claims SET held_until = pg_catalog.now()
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
+              RETURNING 1),
+          finished AS (
+              DELETE FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $7 AND workflow OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.=) $3
+              RETURNING 1)
+          SELECT EXISTS (SELECT FROM finished)",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// One batch of finished instances and what belongs to them. An instance is
+/// left alone while its claim is held or its queue row is leased (a pass may
+/// be running), and when another transaction holds its row.
+static SWEEP_INSTANCES: Statement = Statement {
+    sql: "WITH victims AS MATERIALIZED (
+              SELECT i.id, i.workflow, i.queue FROM sturdy.instances i
+               WHERE i.finished_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
+                 AND NOT EXISTS (SELECT FROM sturdy.claims c
+                                  WHERE c.workflow OPERATOR(pg_catalog.=) i.workflow
+                                    AND c.held_until OPERATOR(pg_catalog.>) pg_catalog.now())
+                 AND NOT EXISTS (SELECT FROM sturdy.queue q
+                                  WHERE q.queue OPERATOR(pg_catalog.=) i.queue
+                                    AND q.workflow OPERATOR(pg_catalog.=) i.workflow
+                                    AND q.taken_at IS NOT NULL
+                                    AND q.visible_at OPERATOR(pg_catalog.>) pg_catalog.now())
+               ORDER BY i.finished_at
+               LIMIT $2
+                 FOR UPDATE OF i SKIP LOCKED),
+          instances AS (
+              DELETE FROM sturdy.instances i USING victims v WHERE i.id OPERATOR(pg_catalog.=) v.id RETURNING 1),
+          checkpoints AS (
+              DELETE FROM sturdy.checkpoints c USING victims v
+               WHERE c.workflow OPERATOR(pg_catalog.=) v.workflow RETURNING 1),
+          claims AS (
+              DELETE FROM sturdy.claims c USING victims v
+               WHERE c.workflow OPERATOR(pg_catalog.=) v.workflow
+                 AND c.held_until OPERATOR(pg_catalog.<=) pg_catalog.now() RETURNING 1),
+          queue AS (
+              DELETE FROM sturdy.queue q USING victims v
+               WHERE q.queue OPERATOR(pg_catalog.=) v.queue AND q.workflow OPERATOR(pg_catalog.=) v.workflow
+              RETURNING 1)
+          SELECT (SELECT pg_catalog.count(*) FROM instances), (SELECT pg_catalog.count(*) FROM checkpoints),
+                 (SELECT pg_catalog.count(*) FROM claims), (SELECT pg_catalog.count(*) FROM queue)",
+    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
+    writes: true,
+    generic: true,
+};
+
+/// Outbox messages older than the cutoff whose deliveries are all done
+/// (their deliveries go with them, by the foreign key's cascade). A message
+/// with a pending or dead delivery stays.
+static SWEEP_OUTBOX: Statement = Statement {
+    sql: "WITH victims AS MATERIALIZED (
+              SELECT o.id FROM sturdy.outbox o
+               WHERE o.created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
+                 AND NOT EXISTS (SELECT FROM sturdy.deliveries d
+                                  WHERE d.outbox_id OPERATOR(pg_catalog.=) o.id
+                                    AND d.state OPERATOR(pg_catalog.<>) 'done')
+               ORDER BY o.id
+               LIMIT $2
+                 FOR UPDATE OF o SKIP LOCKED),
+          gone AS (
+              DELETE FROM sturdy.outbox o USING victims v WHERE o.id OPERATOR(pg_catalog.=) v.id RETURNING 1)
+          SELECT pg_catalog.count(*) FROM gone",
+    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
+    writes: true,
+    generic: true,
+};
+
+static SWEEP_KEYS: Statement = Statement {
+    sql: "WITH victims AS MATERIALIZED (
+              SELECT ctid FROM sturdy.idempotency_keys
+               WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+               ORDER BY expires_at
+               LIMIT $1
+                 FOR UPDATE SKIP LOCKED),
+          gone AS (
+              DELETE FROM sturdy.idempotency_keys
+               WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM victims))
+              RETURNING 1)
+          SELECT pg_catalog.count(*) FROM gone",
+    args: &[pg_sys::INT4OID],
+    writes: true,
+    generic: true,
+};
+
+/// A new instance (with id `id` when a key reserved one), scheduled now.
+fn create(
+    process: Name,
+    business_key: Name,
+    variables: Jsonb,
+    queue: Option<Name>,
+    id: Option<i64>,
+) -> Result<i64> {
+    let queue_arg = queue.map_or_else(null::<Text>, Into::into);
+    let id_arg = id.map_or_else(null::<i64>, Into::into);
+    let (id, workflow, queue) = run_one(
+        &START,
+        &[
+            process.into(),
+            business_key.into(),
+            variables.into(),
+            queue_arg,
+            id_arg,
+        ],
+        |t| {
+            let row = t.first();
+            Ok((
+                row.get::<i64>(1)?,
+                row.get::<String>(2)?,
+                row.get::<String>(3)?,
+            ))
+        },
+    )?;
+    let missing = || Error::Internal {
+        context: "start",
+        cause: "the insert returned no row".into(),
+    };
+    let (id, workflow, queue) = (
+        id.ok_or_else(missing)?,
+        workflow.ok_or_else(missing)?,
+        queue.ok_or_else(missing)?,
+    );
+    queue::schedule_at(
+        args::name_of("workflow", &workflow)?,
+        pgrx::datum::now(),
+        args::name_of("queue", &queue)?,
+    )?;
+    Ok(id)
+}
+
+#[sql_function(
+    "sturdy.start(process text, business_key text, variables jsonb DEFAULT '{}',
+                  idempotency_key text DEFAULT NULL, queue text DEFAULT NULL)
+     RETURNS bigint VOLATILE PARALLEL UNSAFE",
+    comment = "Start a pending instance of process for business_key and schedule its workflow (process/id) on queue (default: the process name), in this transaction. With an idempotency_key (per process), a start while the key lives (sturdy.idempotency_ttl) returns the first instance's id instead, also when two race."
+)]
+fn start(
+    process: Option<Text>,
+    business_key: Option<Text>,
+    variables: Option<Jsonb>,
+    idempotency_key: Option<Text>,
+    queue: Option<Text>,
+) -> Result<i64> {
+    let process = args::name("process", process)?;
+    if process.lossy().len() > MAX_PROCESS_BYTES {
+        return Err(Error::TooLong {
+            arg: "process",
+            bytes: process.lossy().len(),
+        });
+    }
+    let business_key = args::name("business_key", business_key)?;
+    let variables = args::required("variables", variables)?;
+    if variables.kind() != "object" {
+        return Err(Error::Invalid {
+            arg: "variables",
+            why: format!("must be a JSON object, got a JSON {}", variables.kind()),
+            hint: "Pass an object of the instance's variables, e.g. '{\"order\": 42}' (or '{}').",
+        });
+    }
+    let key = args::optional_name("idempotency_key", idempotency_key)?;
+    let queue = args::optional_name("queue", queue)?;
+    let Some(key) = key else {
+        return create(process, business_key, variables, queue, None);
+    };
+    let ttl_seconds = f64::from(IDEMPOTENCY_TTL.get()) / 1000.0;
+    let reserved = run_one(
+        &RESERVE_KEY,
+        &[process.into(), key.into(), ttl_seconds.into()],
+        first_value::<i64>,
+    )?;
+    match reserved {
+        Some(id) => create(process, business_key, variables, queue, Some(id)),
+        None => run_one(
+            &KEY_OWNER,
+            &[process.into(), key.into()],
+            first_value::<i64>,
+        )?
+        .ok_or(Error::Internal {
+            context: "start",
+            cause: "an idempotency key neither reserved nor found".into(),
+        }),
+    }
+}
+
+/// Returns its row through the call.
+#[sql_function(
+    "sturdy.status(business_key text)
+     RETURNS TABLE (id bigint, process text, workflow text, status text, revision bigint, step text,
+                    last_error text, updated_at timestamptz)
+     STABLE PARALLEL UNSAFE ROWS 1",
+    comment = "The newest instance for business_key: its workflow name, status and revision, its current step (its newest checkpoint), last error, and last progress (status change or checkpoint). No row when there is none."
+)]
+fn status_of(call: &Args, business_key: Option<Text>) -> Result<()> {
+    let business_key = args::name("business_key", business_key)?;
+    plan::run_as_set(call, &STATUS, &[business_key.into()])?;
+    Ok(())
+}
+
+/// Returns its rows through the call.
+#[sql_function(
+    "sturdy.stuck(older_than interval)
+     RETURNS TABLE (id bigint, process text, business_key text, workflow text, status text,
+                    stalled_since timestamptz)
+     STABLE PARALLEL UNSAFE",
+    comment = "Pending or running instances with no progress (no status change, no checkpoint of any kind) for older_than, longest stalled first."
+)]
+fn stuck(call: &Args, older_than: Option<Interval>) -> Result<()> {
+    let older_than = args::lease("older_than", older_than)?;
+    plan::run_as_set(call, &STUCK, &[older_than.into()])?;
+    Ok(())
+}
+
+#[sql_function(
+    "sturdy.transition(id bigint, from_status text, to_status text, expected_revision bigint DEFAULT NULL,
+                       token bigint DEFAULT NULL, error text DEFAULT NULL)
+     RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Move instance id from from_status to to_status (and from expected_revision, when given), adding one to its revision and keeping error as its last error when given. False when refused: another status or revision, a terminal status (never left), or no such instance. With a token, fenced like record: a stale token raises SD001."
+)]
+fn transition(
+    id: Option<i64>,
+    from_status: Option<Text>,
+    to_status: Option<Text>,
+    expected_revision: Option<i64>,
+    token: Option<i64>,
+    error: Option<Text>,
+) -> Result<bool> {
+    let id = args::required("id", id)?;
+    let from_status = parse_status("from_status", from_status)?;
+    let to_status = parse_status("to_status", to_status)?;
+    if let Some(token) = token {
+        let Some(workflow) = run_one(&INSTANCE_WORKFLOW, &[id.into()], first_value::<String>)?
+        else {
+            return Ok(false);
+        };
+        claim::fence_current(args::name_of("workflow", &workflow)?, token)?;
+    }
+    let revision = expected_revision.map_or_else(null::<i64>, Into::into);
+    let error = error.map_or_else(null::<Text>, Into::into);
+    Ok(run_one(
+        &TRANSITION,
+        &[
+            id.into(),
+            from_status.into(),
+            to_status.into(),
+            revision,
+            error,
+        ],
+        first_value::<bool>,
+    )?
+    .is_some())
+}
+
+#[sql_function(
+    "sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL,
+                   value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default',
+                   error text DEFAULT NULL)
+     RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "End a pass in one call: fenced like record (a stale token raises SD001 and nothing happens), record step = value when given, move the workflow's instance to status when given (SD002 from a terminal status), release the claim, and remove the queue row under done's receipt rule, whose answer it returns (false: a wakeup arrived during the pass and the row stays)."
+)]
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    workflow: Option<Text>,
+    token: Option<i64>,
+    receipt: Option<TimestampWithTimeZone>,
+    step: Option<Text>,
+    value: Option<Jsonb>,
+    status: Option<Text>,
+    queue: Option<Text>,
+    error: Option<Text>,
+) -> Result<bool> {
+    let workflow = args::name("workflow", workflow)?;
+    let token = args::required("token", token)?;
+    let receipt = args::required("receipt", receipt)?;
+    let step = args::optional_name("step", step)?;
+    if step.is_some() && value.is_none() {
+        return Err(Error::Null { arg: "value" });
+    }
+    let to = status
+        .map(|s| parse_status("status", Some(s)))
+        .transpose()?;
+    let queue = args::name("queue", queue)?;
+
+    let (current, instance_status) = run_one(&FINISH_FENCE, &[workflow.into()], |t| {
+        if t.is_empty() {
+            return Ok((None, None));
+        }
+        Ok(t.first().get_two::<i64, String>()?)
+    })?;
+    claim::check_token(workflow, token, current)?;
+    if let (Some(to), Some(now)) = (to, instance_status.as_deref())
+        && TERMINAL.contains(&now)
+    {
+        return Err(Error::Terminal {
+            workflow: workflow.lossy(),
+            status: now.into(),
+            to: to.into(),
+        });
+    }
+    let step = step.map_or_else(null::<Text>, Into::into);
+    let value = value.map_or_else(null::<Jsonb>, Into::into);
+    let to = to.map_or_else(null::<Text>, Into::into);
+    let error = error.map_or_else(null::<Text>, Into::into);
+    Ok(run_one(
+        &FINISH,
+        &[
+            workflow.into(),
+            token.into(),
+            receipt.into(),
+            step,
+            value,
+            to,
+            queue.into(),
+            error,
+        ],
+        first_value::<bool>,
+    )?
+    .unwrap_or(false))
+}
+
+/// Returns its rows through the call.
+#[sql_function(
+    "sturdy.sweep(older_than interval DEFAULT '7 days', max integer DEFAULT 1000)
+     RETURNS TABLE (kind text, deleted bigint) VOLATILE PARALLEL UNSAFE ROWS 6",
+    comment = "Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, and at most max expired idempotency keys. Counts per kind; call it again (pg_cron) until the counts are zero."
+)]
+fn sweep(call: &Args, older_than: Option<Interval>, max: Option<i32>) -> Result<()> {
+    let older_than = args::lease("older_than", older_than)?;
+    let max = args::positive("max", max)?;
+    let counts = plan::run_generic(&SWEEP_INSTANCES, &[older_than.into(), max.into()], |rows| {
+        Ok([1, 2, 3, 4].map(|col| rows.get::<i64>(0, col).unwrap_or(0)))
+    })?;
+    let outbox = plan::run_generic(&SWEEP_OUTBOX, &[older_than.into(), max.into()], |rows| {
+        Ok(rows.get::<i64>(0, 1).unwrap_or(0))
+    })?;
+    let keys = plan::run_generic(&SWEEP_KEYS, &[max.into()], |rows| {
+        Ok(rows.get::<i64>(0, 1).unwrap_or(0))
+    })?;
+    let kinds = [
+        ("instances", counts[0]),
+        ("checkpoints", counts[1]),
+        ("claims", counts[2]),
+        ("queue", counts[3]),
+        ("outbox", outbox),
+        ("idempotency_keys", keys),
+    ];
+    let rows: Vec<[Option<pg_sys::Datum>; 2]> = kinds
+        .iter()
+        .map(|(kind, n)| [kind.into_datum(), n.into_datum()])
+        .collect();
+    let rows: Vec<&[Option<pg_sys::Datum>]> = rows.iter().map(|r| &r[..]).collect();
+    plan::return_rows(call, &rows)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::testing::{count, error_of, sqlstate_of};
+    use pgrx::prelude::*;
+
+    fn text(sql: &str) -> Option<String> {
+        Spi::get_one::<String>(sql).unwrap()
+    }
+
+    fn id(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).unwrap().unwrap()
+    }
+
+    #[pg_test]
+    fn start_writes_a_pending_instance_and_schedules_its_workflow() {
+        let a = id("SELECT sturdy.start('ship', 'order-1', '{\"order\": 1}')");
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s %s %s %s %s', process, business_key, workflow, queue, status, revision)
+                   FROM sturdy.instances WHERE id = {a}"
+            ))
+            .as_deref(),
+            Some(format!("ship order-1 ship/{a} ship pending 1").as_str())
+        );
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s', queue, visible_at <= now()) FROM sturdy.queue WHERE workflow = 'ship/{a}'"
+            ))
+            .as_deref(),
+            Some("ship t")
+        );
+        let b = id("SELECT sturdy.start('ship', 'order-2', queue => 'express')");
+        assert!(b > a);
+        assert_eq!(
+            text(&format!(
+                "SELECT queue FROM sturdy.queue WHERE workflow = 'ship/{b}'"
+            ))
+            .as_deref(),
+            Some("express")
+        );
+        assert_eq!(
+            text(&format!(
+                "SELECT variables::text FROM sturdy.instances WHERE id = {b}"
+            ))
+            .as_deref(),
+            Some("{}")
+        );
+    }
+
+    #[pg_test]
+    fn an_idempotency_key_returns_the_first_instance_until_it_expires() {
+        Spi::run("SET LOCAL sturdy.idempotency_ttl = '1h'").unwrap();
+        let a = id("SELECT sturdy.start('pay', 'inv-1', idempotency_key => 'k1')");
+        assert_eq!(
+            id("SELECT sturdy.start('pay', 'inv-1', idempotency_key => 'k1')"),
+            a
+        );
+        assert_eq!(
+            id("SELECT sturdy.start('pay', 'other', '{\"x\": 1}', idempotency_key => 'k1')"),
+            a,
+            "the key decides, not the arguments"
+        );
+        assert_eq!(count("sturdy.instances"), 1);
+        assert_eq!(
+            text("SELECT (expires_at - created_at)::text FROM sturdy.idempotency_keys").as_deref(),
+            Some("01:00:00")
+        );
+        // keys are per process
+        let other = id("SELECT sturdy.start('refund', 'inv-1', idempotency_key => 'k1')");
+        assert_ne!(other, a);
+        // expired: the key is reused for a new instance
+        Spi::run("UPDATE sturdy.idempotency_keys SET expires_at = now() - interval '1 s' WHERE process = 'pay'")
+            .unwrap();
+        let again = id("SELECT sturdy.start('pay', 'inv-1', idempotency_key => 'k1')");
+        assert!(again > other);
+        assert_eq!(
+            id("SELECT sturdy.start('pay', 'inv-1', idempotency_key => 'k1')"),
+            again
+        );
+        assert_eq!(count("sturdy.instances"), 3);
+        assert_eq!(count("sturdy.idempotency_keys"), 2);
+    }
+
+    #[pg_test]
+    fn status_shows_the_newest_instance_with_its_step_and_last_progress() {
+        assert_eq!(count("sturdy.status('nobody')"), 0);
+        id("SELECT sturdy.start('p', 'bk')");
+        let b = id("SELECT sturdy.start('p', 'bk')");
+        assert_eq!(
+            text("SELECT format('%s %s %s %s %s %s', workflow, status, revision, step, last_error, updated_at = now()) FROM sturdy.status('bk')")
+                .as_deref(),
+            Some(format!("p/{b} pending 1 <NULL> <NULL> t").as_str())
+                .map(|s| s.replace("<NULL>", ""))
+                .as_deref()
+        );
+        Spi::run(&format!(
+            "SELECT sturdy.claim('p/{b}'); SELECT sturdy.record('p/{b}', 'reserved', '1', 1);
+             SELECT sturdy.transition({b}, 'pending', 'running', error => 'a retry')"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT format('%s %s %s %s', status, revision, step, last_error) FROM sturdy.status('bk')")
+                .as_deref(),
+            Some("running 2 reserved a retry")
+        );
+    }
+
+    #[pg_test]
+    fn stuck_finds_exactly_the_live_instances_without_progress() {
+        let old = id("SELECT sturdy.start('p', 'old')");
+        let checkpointed = id("SELECT sturdy.start('p', 'cp')");
+        let done = id("SELECT sturdy.start('p', 'done')");
+        id("SELECT sturdy.start('p', 'fresh')");
+        Spi::run(&format!(
+            "UPDATE sturdy.instances SET updated_at = now() - interval '2 hours' WHERE id IN ({old}, {checkpointed}, {done});
+             SELECT sturdy.transition({done}, 'pending', 'succeeded');
+             UPDATE sturdy.instances SET updated_at = now() - interval '2 hours' WHERE id = {done};
+             SELECT sturdy.supply('p/{checkpointed}', 'approval', '\"yes\"');"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT string_agg(format('%s %s %s', business_key, status, stalled_since = now() - interval '2 hours'), ',') FROM sturdy.stuck('1 hour')")
+                .as_deref(),
+            Some("old pending t")
+        );
+        // an old checkpoint is no progress either
+        Spi::run(&format!(
+            "UPDATE sturdy.checkpoints SET recorded_at = now() - interval '90 minutes' WHERE workflow = 'p/{checkpointed}'"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT string_agg(business_key, ',' ORDER BY stalled_since) FROM sturdy.stuck('1 hour')")
+                .as_deref(),
+            Some("old,cp")
+        );
+        assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck('0 s')"), "22023");
+        assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck(NULL)"), "22004");
+    }
+
+    #[pg_test]
+    fn transition_is_compare_and_set_and_never_leaves_a_terminal_status() {
+        let i = id("SELECT sturdy.start('p', 't')");
+        let t = |sql: &str| {
+            Spi::get_one::<bool>(&format!("SELECT sturdy.transition({i}, {sql})")).unwrap()
+        };
+        assert_eq!(t("'running', 'succeeded'"), Some(false), "not running");
+        assert_eq!(
+            t("'pending', 'running', expected_revision => 2"),
+            Some(false),
+            "stale revision"
+        );
+        assert_eq!(
+            t("'pending', 'running', expected_revision => 1"),
+            Some(true)
+        );
+        assert_eq!(
+            t("'running', 'running'"),
+            Some(true),
+            "a move to itself bumps the revision"
+        );
+        assert_eq!(t("'running', 'failed', expected_revision => 3"), Some(true));
+        assert_eq!(
+            t("'failed', 'running'"),
+            Some(false),
+            "terminal is never left"
+        );
+        assert_eq!(t("'failed', 'failed'"), Some(false), "not even for itself");
+        assert_eq!(
+            text(&format!("SELECT format('%s %s %s', status, revision, finished_at = now()) FROM sturdy.instances WHERE id = {i}"))
+                .as_deref(),
+            Some("failed 4 t")
+        );
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT sturdy.transition(987654, 'pending', 'running')").unwrap(),
+            Some(false)
+        );
+        for (sql, state) in [
+            (
+                format!("SELECT sturdy.transition({i}, 'pending', 'done')"),
+                "22023",
+            ),
+            (
+                format!("SELECT sturdy.transition({i}, 'PENDING', 'running')"),
+                "22023",
+            ),
+            (
+                format!("SELECT sturdy.transition({i}, NULL, 'running')"),
+                "22004",
+            ),
+            (
+                "SELECT sturdy.transition(NULL, 'pending', 'running')".into(),
+                "22004",
+            ),
+        ] {
+            assert_eq!(sqlstate_of(&sql), state, "{sql}");
+        }
+        assert!(
+            error_of(&format!("SELECT sturdy.transition({i}, 'pending', 'done')")).contains(
+                "to_status must be one of pending, running, succeeded, failed, cancelled"
+            )
+        );
+    }
+
+    #[pg_test]
+    fn a_fenced_transition_refuses_a_stale_token() {
+        let i = id("SELECT sturdy.start('p', 'f')");
+        Spi::run(&format!(
+            "SELECT sturdy.claim('p/{i}');
+             UPDATE sturdy.claims SET held_until = now() WHERE workflow = 'p/{i}';
+             SELECT sturdy.claim('p/{i}');"
+        ))
+        .unwrap();
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT sturdy.transition({i}, 'pending', 'running', token => 1)"
+            )),
+            "SD001"
+        );
+        assert_eq!(
+            Spi::get_one::<bool>(&format!(
+                "SELECT sturdy.transition({i}, 'pending', 'running', token => 2)"
+            ))
+            .unwrap(),
+            Some(true)
+        );
+        assert_eq!(
+            text(&format!(
+                "SELECT status FROM sturdy.instances WHERE id = {i}"
+            ))
+            .as_deref(),
+            Some("running")
+        );
+    }
+
+    /// The two-call pass: take with a claim, then finish.
+    #[pg_test]
+    fn finish_records_moves_releases_and_removes_in_one_call() {
+        let i = id("SELECT sturdy.start('p', 'fin', queue => 'fq')");
+        let w = format!("p/{i}");
+        let (token, receipt) = Spi::get_two::<i64, String>(
+            "SELECT token, receipt::text FROM sturdy.take('fq', claim => true)",
+        )
+        .unwrap();
+        let (token, receipt) = (token.unwrap(), receipt.unwrap());
+        let finish = |tok: i64, extra: &str| {
+            format!("SELECT sturdy.finish('{w}', {tok}, '{receipt}', {extra} queue => 'fq')")
+        };
+        // a stale token: SD001, nothing happens
+        assert_eq!(
+            sqlstate_of(&finish(token + 1, "'s', '1', 'succeeded',")),
+            "SD001"
+        );
+        assert_eq!(
+            count(&format!("sturdy.checkpoints WHERE workflow = '{w}'")),
+            0
+        );
+        assert_eq!(count(&format!("sturdy.queue WHERE workflow = '{w}'")), 1);
+        // a step without a value
+        assert_eq!(sqlstate_of(&finish(token, "step => 's',")), "22004");
+        assert_eq!(
+            Spi::get_one::<bool>(&finish(
+                token,
+                "step => 'shipped', value => '{\"by\": \"ups\"}', status => 'succeeded',"
+            ))
+            .unwrap(),
+            Some(true)
+        );
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s %s', i.status, i.revision, c.held_until <= now())
+                   FROM sturdy.instances i JOIN sturdy.claims c USING (workflow) WHERE i.id = {i}"
+            ))
+            .as_deref(),
+            Some("succeeded 2 t")
+        );
+        assert_eq!(
+            text(&format!("SELECT value::text FROM sturdy.checkpoints WHERE workflow = '{w}' AND step = 'shipped'")).as_deref(),
+            Some("{\"by\": \"ups\"}")
+        );
+        assert_eq!(count(&format!("sturdy.queue WHERE workflow = '{w}'")), 0);
+    }
+
+    #[pg_test]
+    fn finish_keeps_a_row_woken_during_the_pass_and_refuses_to_leave_a_terminal_status() {
+        let i = id("SELECT sturdy.start('p', 'wake', queue => 'wq')");
+        let w = format!("p/{i}");
+        let (token, receipt) = Spi::get_two::<i64, String>(
+            "SELECT token, receipt::text FROM sturdy.take('wq', claim => true)",
+        )
+        .unwrap();
+        let (token, receipt) = (token.unwrap(), receipt.unwrap());
+        Spi::run(&format!("SELECT sturdy.schedule('{w}', now(), 'wq')")).unwrap();
+        assert_eq!(
+            Spi::get_one::<bool>(&format!(
+                "SELECT sturdy.finish('{w}', {token}, '{receipt}', status => 'running', queue => 'wq')"
+            ))
+            .unwrap(),
+            Some(false),
+            "a wakeup arrived: the row stays"
+        );
+        assert_eq!(count(&format!("sturdy.queue WHERE workflow = '{w}'")), 1);
+        assert_eq!(
+            text(&format!(
+                "SELECT status FROM sturdy.instances WHERE id = {i}"
+            ))
+            .as_deref(),
+            Some("running")
+        );
+        // taken again, and this time the instance is already terminal
+        Spi::run(&format!(
+            "SELECT sturdy.transition({i}, 'running', 'cancelled')"
+        ))
+        .unwrap();
+        let (token, receipt) = Spi::get_two::<i64, String>(
+            "SELECT token, receipt::text FROM sturdy.take('wq', claim => true)",
+        )
+        .unwrap();
+        let (token, receipt) = (token.unwrap(), receipt.unwrap());
+        let e = error_of(&format!(
+            "SELECT sturdy.finish('{w}', {token}, '{receipt}', 'late', '1', 'succeeded', 'wq')"
+        ));
+        assert!(e.starts_with("SD002 | "), "{e}");
+        assert!(e.contains("is cancelled, a terminal status"), "{e}");
+        assert_eq!(
+            count(&format!("sturdy.checkpoints WHERE workflow = '{w}'")),
+            0
+        );
+        // without a status the pass may still end
+        assert_eq!(
+            Spi::get_one::<bool>(&format!(
+                "SELECT sturdy.finish('{w}', {token}, '{receipt}', queue => 'wq')"
+            ))
+            .unwrap(),
+            Some(true)
+        );
+    }
+
+    #[pg_test]
+    fn sweep_removes_exactly_what_is_finished_and_old_a_bounded_batch_at_a_time() {
+        // three old finished instances with a checkpoint each, one finished
+        // recently, one still running, one finished but claimed
+        let ids: Vec<i64> = (0..6)
+            .map(|n| id(&format!("SELECT sturdy.start('p', 'sw-{n}')")))
+            .collect();
+        for (n, i) in ids.iter().enumerate() {
+            Spi::run(&format!("SELECT sturdy.supply('p/{i}', 's', '1')")).unwrap();
+            if n != 4 {
+                Spi::run(&format!(
+                    "SELECT sturdy.transition({i}, 'pending', 'succeeded')"
+                ))
+                .unwrap();
+            }
+        }
+        Spi::run(&format!(
+            "UPDATE sturdy.instances SET finished_at = now() - interval '8 days' WHERE id NOT IN ({}, {})",
+            ids[3], ids[4]
+        ))
+        .unwrap();
+        Spi::run(&format!("SELECT sturdy.claim('p/{}', '1 hour')", ids[5])).unwrap();
+        Spi::run(
+            "INSERT INTO sturdy.idempotency_keys VALUES ('p', 'old', 1, now() - interval '2 days', now() - interval '1 day'),
+                                                        ('p', 'live', 2, now(), now() + interval '1 day')",
+        )
+        .unwrap();
+        let sweep = |max: i32| {
+            text(&format!(
+                "SELECT string_agg(kind || '=' || deleted, ' ' ORDER BY kind) FROM sturdy.sweep('7 days', {max})"
+            ))
+            .unwrap()
+        };
+        assert_eq!(
+            sweep(2),
+            "checkpoints=2 claims=0 idempotency_keys=1 instances=2 outbox=0 queue=2"
+        );
+        assert_eq!(
+            sweep(2),
+            "checkpoints=1 claims=0 idempotency_keys=0 instances=1 outbox=0 queue=1"
+        );
+        assert_eq!(
+            sweep(2),
+            "checkpoints=0 claims=0 idempotency_keys=0 instances=0 outbox=0 queue=0"
+        );
+        assert_eq!(
+            text("SELECT string_agg(business_key, ',' ORDER BY id) FROM sturdy.instances")
+                .as_deref(),
+            Some("sw-3,sw-4,sw-5"),
+            "recent, running and claimed stay"
+        );
+        assert_eq!(count("sturdy.checkpoints"), 3);
+        assert_eq!(count("sturdy.idempotency_keys"), 1);
+        for (sql, state) in [
+            ("SELECT * FROM sturdy.sweep('0 s')", "22023"),
+            ("SELECT * FROM sturdy.sweep('1 day', 0)", "22023"),
+            ("SELECT * FROM sturdy.sweep(NULL)", "22004"),
+        ] {
+            assert_eq!(sqlstate_of(sql), state, "{sql}");
+        }
+    }
+
+    #[pg_test]
+    fn sweep_removes_outbox_messages_only_when_every_delivery_is_done() {
+        Spi::run(
+            "CREATE FUNCTION public.sw_ok(m sturdy.outbox, attempt int) RETURNS void LANGUAGE sql AS 'SELECT';
+             CREATE FUNCTION public.sw_bad(m sturdy.outbox, attempt int) RETURNS void LANGUAGE plpgsql
+               AS $$BEGIN RAISE 'no'; END$$;
+             SELECT sturdy.subscribe('done.e', 'public.sw_ok(sturdy.outbox, integer)');
+             SELECT sturdy.subscribe('mixed.e', 'public.sw_ok(sturdy.outbox, integer)');
+             SELECT sturdy.subscribe('mixed.e', 'public.sw_bad(sturdy.outbox, integer)', 1);
+             SELECT sturdy.emit('done.e', '1'); SELECT sturdy.emit('mixed.e', '2');
+             SELECT sturdy.emit('done.e', '3');
+             SELECT * FROM sturdy.pump(10);
+             UPDATE sturdy.outbox SET created_at = now() - interval '8 days' WHERE payload <> '3';",
+        )
+        .unwrap();
+        assert_eq!(
+            text("SELECT deleted::text FROM sturdy.sweep('7 days') WHERE kind = 'outbox'")
+                .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            text("SELECT string_agg(payload::text, ',' ORDER BY id) FROM sturdy.outbox").as_deref(),
+            Some("2,3"),
+            "a dead delivery keeps its message; a recent one stays"
+        );
+        assert_eq!(count("sturdy.deliveries"), 3);
+    }
+
+    #[pg_test]
+    fn workflow_bad_input_gets_a_clear_error_and_writes_nothing() {
+        for (sql, state) in [
+            ("SELECT sturdy.start('p', 'k', '[1, 2]')", "22023"),
+            ("SELECT sturdy.start('p', 'k', '\"s\"')", "22023"),
+            ("SELECT sturdy.start('p', 'k', 'null')", "22023"),
+            ("SELECT sturdy.start('p', 'k', NULL)", "22004"),
+            ("SELECT sturdy.start('', 'k')", "22023"),
+            ("SELECT sturdy.start(NULL, 'k')", "22004"),
+            ("SELECT sturdy.start('p', '')", "22023"),
+            (
+                "SELECT sturdy.start('p', 'k', idempotency_key => '')",
+                "22023",
+            ),
+            ("SELECT sturdy.start('p', 'k', queue => '')", "22023"),
+            ("SELECT sturdy.start(repeat('p', 1010), 'k')", "22023"),
+            ("SELECT sturdy.status('')", "22023"),
+            (
+                "SELECT sturdy.finish('w', 1, now(), status => 'over')",
+                "22023",
+            ),
+            ("SELECT sturdy.finish('w', NULL, now())", "22004"),
+            ("SELECT sturdy.finish('w', 1, NULL)", "22004"),
+        ] {
+            assert_eq!(sqlstate_of(sql), state, "{sql}");
+        }
+        assert!(
+            error_of("SELECT sturdy.start('p', 'k', '[1, 2]')")
+                .contains("variables must be a JSON object, got a JSON array")
+        );
+        assert_eq!(count("sturdy.instances"), 0);
+        assert_eq!(count("sturdy.queue"), 0);
+        assert_eq!(count("sturdy.idempotency_keys"), 0);
+    }
+}
