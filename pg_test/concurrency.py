@@ -348,6 +348,26 @@ def test_a_pg_cron_job_pumps_with_nobody_else_calling_pump():
     assert runs and all(status == "succeeded" for status, _ in runs), runs
 
 
+def test_an_idempotency_key_lives_for_the_ttl_set_when_it_was_written():
+    """sturdy.idempotency_ttl in real time: a key written under '300ms'
+    returns its instance until then and is reused after; one written under
+    the default is not affected by a later SET."""
+    with connect() as c:
+        c.execute("SET sturdy.idempotency_ttl = '300ms'")
+        first = c.execute("SELECT sturdy.start('ttl', 'a', idempotency_key => 'short')").fetchone()[0]
+        assert c.execute("SELECT sturdy.start('ttl', 'a', idempotency_key => 'short')").fetchone()[0] == first
+        c.execute("RESET sturdy.idempotency_ttl")
+        long_lived = c.execute("SELECT sturdy.start('ttl', 'b', idempotency_key => 'long')").fetchone()[0]
+        c.execute("SET sturdy.idempotency_ttl = '300ms'")
+        time.sleep(0.5)
+        again = c.execute("SELECT sturdy.start('ttl', 'a', idempotency_key => 'short')").fetchone()[0]
+        assert again > first, f"the expired key still returned {first}"
+        assert c.execute("SELECT sturdy.start('ttl', 'b', idempotency_key => 'long')").fetchone()[0] == long_lived
+        (ttl,) = c.execute("SELECT expires_at - created_at FROM sturdy.idempotency_keys"
+                           " WHERE process = 'ttl' AND key = 'long'").fetchone()
+        assert ttl.total_seconds() == 24 * 3600, ttl
+
+
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     passed = failed = 0

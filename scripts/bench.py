@@ -18,12 +18,15 @@ checkout at PGMQ_REPO (tag v1.5.1); without either, that column is skipped.
   scripts/bench.py            (via `make bench`)
   BENCH_SECONDS=5 BENCH_REPS=6 BENCH_CLIENTS=1,4,16 BENCH_REGIMES=on,off (the defaults)
   BENCH_CASES=1,4             (only these cases, 1-based)
+  BENCH_SWEEP_ROWS=1000000    (finished instances for the sweep rate; 0 skips it)
+  BENCH_PER_CALL=0            (skip the per-call pgbench -r table and the A/Bs)
 """
 import os
 import re
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(ROOT, "target", "bench")
@@ -60,10 +63,16 @@ CASES = [
          wrapper="bench/plpgsql_pass.sql"),
     dict(name="take(claim) + record + done vs TAKE + CLAIM + RECORD + FINISH, passes/s",
          sturdy="bench/sturdy_worker_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(50000)),
+    dict(name="take(claim) + finish vs TAKE + CLAIM + RECORD + FINISH, passes/s",
+         sturdy="bench/sturdy_finish_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(50000)),
     dict(name="take and done vs trivial write, transactions/s", sturdy="bench/sturdy_take_done.sql",
          base="bench/trivial_write.sql", sturdy_per=2, before=backlog(60000)),
     dict(name="job cycle: schedule + take + done vs plain INSERT + TAKE + DELETE, cycles/s",
          sturdy="bench/sturdy_cycle.sql", base="bench/plain_cycle.sql", before=backlog(1000, "cycle")),
+    dict(name="start vs trivial write, transactions/s", sturdy="bench/sturdy_start.sql",
+         base="bench/trivial_write.sql"),
+    dict(name="start with an idempotency key vs trivial write, transactions/s",
+         sturdy="bench/sturdy_start_key.sql", base="bench/trivial_write.sql"),
     dict(name="batches of 100: take + array done vs pgmq read + delete(bigint[]), jobs/s",
          sturdy="bench/sturdy_batch.sql", base="bench/pgmq_batch.sql", base_db="pgmq", sturdy_per=100,
          base_per=100, before=backlog(600000), before_base="pgmq"),
@@ -148,6 +157,7 @@ def take_plan_ab():
 
 
 PER_CALL = [("pg_sturdy worker pass", "bench/sturdy_worker_pass.sql", 50000),
+            ("pg_sturdy two-call pass", "bench/sturdy_finish_pass.sql", 50000),
             ("plain worker pass", "bench/seed_worker_pass.sql", 50000),
             ("pg_sturdy claim + record", "bench/sturdy_pass.sql", 0),
             ("plain claim + record", "bench/seed_pass.sql", 0),
@@ -175,23 +185,57 @@ def per_call():
     return "\n".join(lines)
 
 
+SWEEP_ROWS = int(os.environ.get("BENCH_SWEEP_ROWS", "1000000"))
+
+
+def sweep_rate():
+    """sweep's rate on SWEEP_ROWS finished instances (30 days old), each with
+    one checkpoint: sweep('7 days', 10000) called until it deletes nothing,
+    each call its own transaction."""
+    if SWEEP_ROWS <= 0:
+        return "sweep: skipped (BENCH_SWEEP_ROWS=0)"
+    psql(f"""INSERT INTO sturdy.instances (process, business_key, workflow, queue, status, variables,
+                                           created_at, updated_at, finished_at)
+             SELECT 'sweep', 'sweep-' || i, 'sweep/' || i, 'sweep', 'succeeded', '{{}}',
+                    now() - interval '30 days', now() - interval '30 days', now() - interval '30 days'
+               FROM generate_series(1, {SWEEP_ROWS}) i;
+             INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
+             SELECT 'sweep/' || i, 'done', '1', NULL, now() - interval '30 days'
+               FROM generate_series(1, {SWEEP_ROWS}) i""")
+    psql("VACUUM ANALYZE sturdy.instances, sturdy.checkpoints")
+    calls, instances, start = 0, 0, time.perf_counter()
+    while True:
+        n = int(psql("SELECT deleted FROM sturdy.sweep('7 days', 10000) WHERE kind = 'instances'"))
+        calls += 1
+        instances += n
+        if n == 0:
+            break
+    seconds = time.perf_counter() - start
+    return (f"sweep: {instances:,} finished instances (and as many checkpoints) in {calls} calls of "
+            f"sweep('7 days', 10000), {seconds:.1f} s: {instances / seconds:,.0f} instances/s")
+
+
 def main():
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min"], check=True)
     try:
         subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
                         os.path.join(ROOT, "bench", "setup.sql"), "postgres"], check=True)
-        # the search-path choice (plan.rs), in-server: no pin vs a GUC nest level
-        ab = subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
-                             os.path.join(ROOT, "bench", "search_path_ab.sql"), "postgres"],
-                            check=True, capture_output=True, text=True)
-        search_path = " ".join(line.split("NOTICE:", 1)[1].strip() for line in ab.stderr.splitlines()
-                               if "NOTICE:  search path:" in line)
-        print(search_path, flush=True)
-        plan_ab = take_plan_ab()
-        print(plan_ab, flush=True)
-        calls = per_call()
-        print(calls, flush=True)
+        extras = []
+        if os.environ.get("BENCH_PER_CALL", "1") != "0":
+            # the search-path choice (plan.rs), in-server: no pin vs a GUC nest level
+            ab = subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
+                                 os.path.join(ROOT, "bench", "search_path_ab.sql"), "postgres"],
+                                check=True, capture_output=True, text=True)
+            extras.append(" ".join(line.split("NOTICE:", 1)[1].strip() for line in ab.stderr.splitlines()
+                                   if "NOTICE:  search path:" in line))
+            print(extras[-1], flush=True)
+            extras.append(take_plan_ab())
+            print(extras[-1], flush=True)
+            extras.append(per_call())
+            print(extras[-1], flush=True)
+        extras.append(sweep_rate())
+        print(extras[-1], flush=True)
         results = {}  # (case, regime, clients) -> {"sturdy": [rate], "base": [rate], "wrapper": [rate]}
         seq = {}
         cases = [c for i, c in enumerate(CASES, 1) if not ONLY or str(i) in ONLY.split(",")]
@@ -223,7 +267,7 @@ def main():
                                 seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
                             print(f"rep {rep + 1} {case['name'][:40]:40} sync {regime:3} {clients:3} clients "
                                   f"{side:7} {rate:10.0f}", flush=True)
-        report(results, seq, search_path + "\n\n" + plan_ab + "\n\n" + calls)
+        report(results, seq, "\n\n".join(extras))
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
 

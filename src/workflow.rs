@@ -199,26 +199,29 @@ static TRANSITION: Statement = Statement {
     generic: false,
 };
 
-/// `finish`'s fence: the claim row locked, and the workflow's instance (if
-/// any) locked with its status.
-static FINISH_FENCE: Statement = Statement {
-    sql: "WITH inst AS (
-              SELECT status FROM sturdy.instances WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE)
-          SELECT c.token, (SELECT status FROM inst)
-            FROM sturdy.claims c
-           WHERE c.workflow OPERATOR(pg_catalog.=) $1
-             FOR UPDATE OF c",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-/// The rest of `finish`, in one statement: the step (first writer wins), the
-/// move, the release, and the receipt-ruled delete, whose answer it returns.
+/// All of `finish` in one statement. `fence` locks the claim row (a takeover
+/// in flight makes it wait, and it then reads the new token) and `inst` the
+/// instance when a status is asked for; `go` has its one row only when the
+/// token is current and the instance may move, and every write is
+/// conditioned on it, so a refused finish writes nothing. Then the step
+/// (first writer wins), the move, the release, and the receipt-ruled delete.
+/// Returns the current token and the instance's status (for the error when
+/// refused) and whether the queue row went.
 static FINISH: Statement = Statement {
-    sql: "WITH recorded AS (
+    sql: "WITH fence AS MATERIALIZED (
+              SELECT c.token FROM sturdy.claims c WHERE c.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE),
+          inst AS MATERIALIZED (
+              SELECT i.status FROM sturdy.instances i
+               WHERE i.workflow OPERATOR(pg_catalog.=) $1 AND $6 IS NOT NULL FOR UPDATE),
+          go AS MATERIALIZED (
+              SELECT FROM fence
+               WHERE fence.token OPERATOR(pg_catalog.=) $2
+                 AND NOT EXISTS (SELECT FROM inst
+                                  WHERE inst.status OPERATOR(pg_catalog.=)
+                                        ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[]))),
+          recorded AS (
               INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
-              SELECT $1, $4, $5, $2, pg_catalog.clock_timestamp() WHERE $4 IS NOT NULL
+              SELECT $1, $4, $5, $2, pg_catalog.clock_timestamp() FROM go WHERE $4 IS NOT NULL
               ON CONFLICT (workflow, step) DO NOTHING
               RETURNING 1),
           moved AS (
@@ -227,19 +230,19 @@ static FINISH: Statement = Statement {
                      finished_at = CASE WHEN $6 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
                                         THEN pg_catalog.now() END,
                      last_error = COALESCE($8, last_error)
-               WHERE workflow OPERATOR(pg_catalog.=) $1 AND $6 IS NOT NULL
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND $6 IS NOT NULL AND EXISTS (SELECT FROM go)
               RETURNING 1),
           released AS (
               UPDATE sturdy.claims SET held_until = pg_catalog.now()
                WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
-                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
+                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now() AND EXISTS (SELECT FROM go)
               RETURNING 1),
           finished AS (
               DELETE FROM sturdy.queue
                WHERE queue OPERATOR(pg_catalog.=) $7 AND workflow OPERATOR(pg_catalog.=) $1
-                 AND visible_at OPERATOR(pg_catalog.=) $3
+                 AND visible_at OPERATOR(pg_catalog.=) $3 AND EXISTS (SELECT FROM go)
               RETURNING 1)
-          SELECT EXISTS (SELECT FROM finished)",
+          SELECT (SELECT token FROM fence), (SELECT status FROM inst), EXISTS (SELECT FROM finished)",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::INT8OID,
@@ -527,12 +530,24 @@ fn finish(
         .transpose()?;
     let queue = args::name("queue", queue)?;
 
-    let (current, instance_status) = run_one(&FINISH_FENCE, &[workflow.into()], |t| {
-        if t.is_empty() {
-            return Ok((None, None));
-        }
-        Ok(t.first().get_two::<i64, String>()?)
-    })?;
+    let step = step.map_or_else(null::<Text>, Into::into);
+    let value = value.map_or_else(null::<Jsonb>, Into::into);
+    let to_arg = to.map_or_else(null::<Text>, Into::into);
+    let error = error.map_or_else(null::<Text>, Into::into);
+    let (current, instance_status, removed) = run_one(
+        &FINISH,
+        &[
+            workflow.into(),
+            token.into(),
+            receipt.into(),
+            step,
+            value,
+            to_arg,
+            queue.into(),
+            error,
+        ],
+        |t| Ok(t.first().get_three::<i64, String, bool>()?),
+    )?;
     claim::check_token(workflow, token, current)?;
     if let (Some(to), Some(now)) = (to, instance_status.as_deref())
         && TERMINAL.contains(&now)
@@ -543,25 +558,7 @@ fn finish(
             to: to.into(),
         });
     }
-    let step = step.map_or_else(null::<Text>, Into::into);
-    let value = value.map_or_else(null::<Jsonb>, Into::into);
-    let to = to.map_or_else(null::<Text>, Into::into);
-    let error = error.map_or_else(null::<Text>, Into::into);
-    Ok(run_one(
-        &FINISH,
-        &[
-            workflow.into(),
-            token.into(),
-            receipt.into(),
-            step,
-            value,
-            to,
-            queue.into(),
-            error,
-        ],
-        first_value::<bool>,
-    )?
-    .unwrap_or(false))
+    Ok(removed.unwrap_or(false))
 }
 
 /// Returns its rows through the call.
@@ -939,8 +936,9 @@ mod tests {
     #[pg_test]
     fn sweep_removes_exactly_what_is_finished_and_old_a_bounded_batch_at_a_time() {
         // three old finished instances with a checkpoint each, one finished
-        // recently, one still running, one finished but claimed
-        let ids: Vec<i64> = (0..6)
+        // recently, one still running, one finished but claimed, one
+        // finished but with its queue row leased to a pass
+        let ids: Vec<i64> = (0..7)
             .map(|n| id(&format!("SELECT sturdy.start('p', 'sw-{n}')")))
             .collect();
         for (n, i) in ids.iter().enumerate() {
@@ -958,6 +956,11 @@ mod tests {
         ))
         .unwrap();
         Spi::run(&format!("SELECT sturdy.claim('p/{}', '1 hour')", ids[5])).unwrap();
+        Spi::run(&format!(
+            "UPDATE sturdy.queue SET taken_at = now(), visible_at = now() + interval '1 hour' WHERE workflow = 'p/{}'",
+            ids[6]
+        ))
+        .unwrap();
         Spi::run(
             "INSERT INTO sturdy.idempotency_keys VALUES ('p', 'old', 1, now() - interval '2 days', now() - interval '1 day'),
                                                         ('p', 'live', 2, now(), now() + interval '1 day')",
@@ -984,10 +987,10 @@ mod tests {
         assert_eq!(
             text("SELECT string_agg(business_key, ',' ORDER BY id) FROM sturdy.instances")
                 .as_deref(),
-            Some("sw-3,sw-4,sw-5"),
-            "recent, running and claimed stay"
+            Some("sw-3,sw-4,sw-5,sw-6"),
+            "recent, running, claimed and leased stay"
         );
-        assert_eq!(count("sturdy.checkpoints"), 3);
+        assert_eq!(count("sturdy.checkpoints"), 4);
         assert_eq!(count("sturdy.idempotency_keys"), 1);
         for (sql, state) in [
             ("SELECT * FROM sturdy.sweep('0 s')", "22023"),
