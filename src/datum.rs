@@ -235,6 +235,45 @@ array_type!(
     TextArray,
     pg_sys::TEXTARRAYOID
 );
+impl TextArray {
+    /// The elements as strings (`None` for NULL), in order. Elements not
+    /// valid in UTF-8 are replaced lossily.
+    pub fn strings(&self) -> Vec<Option<String>> {
+        // SAFETY: a one-dimensional text[] datum (checked by the caller with
+        // `elements`), deconstructed by pgrx's array reader.
+        unsafe { <Vec<Option<String>> as FromDatum>::from_datum(self.0, false) }.unwrap_or_default()
+    }
+
+    /// A new text[] of `values` (`None` for NULL).
+    pub fn from_strings(values: &[Option<String>]) -> TextArray {
+        TextArray(
+            values
+                .to_vec()
+                .into_datum()
+                .unwrap_or(pg_sys::Datum::from(0)),
+        )
+    }
+}
+
+/// A `name` argument (an identifier, at most 63 bytes), as a string.
+#[derive(Clone, Debug)]
+pub struct SqlName(pub String);
+
+impl FromDatum for SqlName {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-null `name` datum points at a NUL-terminated NameData.
+        let name = unsafe { std::ffi::CStr::from_ptr(datum.cast_mut_ptr::<std::ffi::c_char>()) };
+        Some(SqlName(name.to_string_lossy().into_owned()))
+    }
+}
+
 array_type!(
     /// A `timestamptz[]` argument.
     TimestampArray,

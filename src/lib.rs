@@ -25,10 +25,13 @@ pub mod error;
 #[allow(unsafe_code)]
 pub mod fmgr;
 #[allow(unsafe_code)]
+pub mod fragment;
+#[allow(unsafe_code)]
 pub mod plan;
 #[allow(unsafe_code)]
 pub mod subxact;
 
+mod batch;
 mod checkpoint;
 mod claim;
 mod outbox;
@@ -57,6 +60,7 @@ pgrx::extension_sql_file!(
     name = "workflow",
     requires = ["outbox"]
 );
+pgrx::extension_sql_file!("../sql/batch.sql", name = "batch", requires = ["workflow"]);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 /// Run once per backend, when the library is loaded: our settings.

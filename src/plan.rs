@@ -242,6 +242,15 @@ impl Rows {
     }
 }
 
+/// The rows of the statement just run in the open SPI connection (for
+/// statements run by other means than [`Statement`], such as
+/// `fragment::Inferred`).
+pub fn last_rows() -> Rows {
+    // SAFETY: set by the last statement run in the caller's connection.
+    let (table, len) = unsafe { (pg_sys::SPI_tuptable, pg_sys::SPI_processed as usize) };
+    Rows { table, len }
+}
+
 /// Run `stmt` (declared `generic: true`) through its kept generic plan and
 /// read its rows: for a statement whose custom plans cost a re-plan on every
 /// call and never beat the generic one (see [`Statement::generic`]).
@@ -252,9 +261,7 @@ pub fn run_generic<R>(
 ) -> Result<R> {
     Spi::connect(|_| {
         execute_generic(stmt, args)?;
-        // SAFETY: set by the statement just run in this connection.
-        let (table, len) = unsafe { (pg_sys::SPI_tuptable, pg_sys::SPI_processed as usize) };
-        read(Rows { table, len })
+        read(last_rows())
     })
 }
 
