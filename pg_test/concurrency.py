@@ -318,9 +318,11 @@ def test_an_emit_wakes_an_idle_listening_pump_only_after_commit():
         assert listener.execute("SELECT seen FROM sturdy.pump()").fetchone() == (2,)
 
 
-def test_a_pg_cron_job_pumps_with_nobody_else_calling_pump():
-    """A real pg_cron job (`SELECT * FROM sturdy.pump(100)` every minute, the
-    finest schedule pg_cron 1.4 has) delivers what was emitted."""
+def test_pg_cron_jobs_pump_and_tick_with_nobody_else_calling():
+    """Real pg_cron jobs (every minute, the finest schedule pg_cron 1.4 has):
+    `SELECT * FROM sturdy.pump(100)` delivers what was emitted, and
+    `SELECT * FROM sturdy.batch_tick('cron-move')` moves a named batch job to
+    completion."""
     with connect() as c:
         if not c.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_cron'").fetchone()[0]:
             raise Skip("pg_cron is not installed for this server")
@@ -329,23 +331,55 @@ def test_a_pg_cron_job_pumps_with_nobody_else_calling_pump():
         c.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
         fresh_outbox(c, "cron.e")
         c.execute("SELECT sturdy.emit('cron.e', to_jsonb(i)) FROM generate_series(1, 10) i")
+        c.execute("DROP TABLE IF EXISTS public.cron_rows")
+        c.execute("CREATE TABLE public.cron_rows (id int PRIMARY KEY, moved boolean NOT NULL DEFAULT false)")
+        c.execute("INSERT INTO public.cron_rows SELECT i FROM generate_series(1, 500) i")
+        c.execute("DELETE FROM sturdy.batches WHERE name = 'cron-move'")
+        c.execute("SELECT sturdy.batch_start('cron-move', 'public.cron_rows', 'moved = true', 'NOT moved',"
+                  " chunk => 10000)")
         c.execute("SELECT cron.schedule('sturdy-pump', '* * * * *', 'SELECT * FROM sturdy.pump(100)')")
+        c.execute("SELECT cron.schedule('sturdy-tick', '* * * * *',"
+                  " 'SELECT * FROM sturdy.batch_tick(''cron-move'')')")
         try:
             deadline = time.monotonic() + 130
             while time.monotonic() < deadline:
                 (done,) = c.execute("SELECT count(*) FROM sturdy.deliveries WHERE state = 'done'").fetchone()
-                if done == 10:
+                (complete,) = c.execute("SELECT complete FROM sturdy.batch_jobs WHERE name = 'cron-move'").fetchone()
+                if done == 10 and complete:
                     break
                 time.sleep(1)
             runs = c.execute(
-                "SELECT status, return_message FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
-                " WHERE j.jobname = 'sturdy-pump'"
+                "SELECT j.jobname, status, return_message FROM cron.job_run_details d JOIN cron.job j USING (jobid)"
+                " WHERE j.jobname IN ('sturdy-pump', 'sturdy-tick')"
             ).fetchall()
         finally:
             c.execute("SELECT cron.unschedule('sturdy-pump')")
+            c.execute("SELECT cron.unschedule('sturdy-tick')")
         (logged,) = c.execute("SELECT count(DISTINCT outbox) FROM public.outbox_log").fetchone()
+        (moved,) = c.execute("SELECT count(*) FROM public.cron_rows WHERE moved").fetchone()
     assert done == 10 and logged == 10, f"{done} done, {logged} logged; cron runs: {runs}"
-    assert runs and all(status == "succeeded" for status, _ in runs), runs
+    assert complete and moved == 500, f"batch complete={complete}, {moved} moved; cron runs: {runs}"
+    assert runs and all(status == "succeeded" for _, status, _ in runs), runs
+
+
+def test_batch_all_commits_each_chunk_and_stops_at_its_budget():
+    """CALL sturdy.batch_all: chunks committed one by one (another session sees
+    the first chunk's rows while the budget stops the loop), then to
+    completion."""
+    with connect() as c:
+        c.execute("DROP TABLE IF EXISTS public.bulk")
+        c.execute("CREATE TABLE public.bulk (id int PRIMARY KEY, done boolean NOT NULL DEFAULT false)")
+        c.execute("INSERT INTO public.bulk SELECT i FROM generate_series(1, 25000) i")
+        c.execute("DELETE FROM sturdy.batches")
+        first = c.execute("CALL sturdy.batch_all('public.bulk', 'done = true', 'NOT done', chunk => 1000,"
+                          " budget => '1 microsecond')").fetchone()
+        assert first == (1000, 24000, 1, False), first
+        with connect() as other:
+            assert other.execute("SELECT count(*) FROM public.bulk WHERE done").fetchone() == (1000,)
+        rest = c.execute("CALL sturdy.batch_all('public.bulk', 'done = true', 'NOT done', chunk => 1000)").fetchone()
+        assert rest == (24000, 0, 25, True), rest  # the 25th chunk finds the end of the pass
+        assert c.execute("SELECT count(*) FROM public.bulk WHERE NOT done").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM sturdy.batches").fetchone() == (0,)
 
 
 def test_an_idempotency_key_lives_for_the_ttl_set_when_it_was_written():

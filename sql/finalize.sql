@@ -18,13 +18,13 @@ BEGIN
     EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA sturdy TO %I', role);
     EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA sturdy TO %I', role);
     EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA sturdy TO %I', role);
-    EXECUTE pg_catalog.format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA sturdy TO %I', role);
+    EXECUTE pg_catalog.format('GRANT EXECUTE ON ALL ROUTINES IN SCHEMA sturdy TO %I', role);
     EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION sturdy.grant_usage(name) FROM %I', role);
 END
 $$;
 COMMENT ON FUNCTION sturdy.grant_usage(name) IS
     'Grant a role what an application needs to call every pg_sturdy function (schema usage, the tables, execute). Run as the extension owner; call again after ALTER EXTENSION UPDATE.';
 
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA sturdy FROM PUBLIC;
+REVOKE ALL ON ALL ROUTINES IN SCHEMA sturdy FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA sturdy FROM PUBLIC;
 REVOKE ALL ON SCHEMA sturdy FROM PUBLIC;
