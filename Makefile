@@ -15,7 +15,7 @@ export PG_CONFIG
 export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 CARGO_FEATURES = --no-default-features --features pg$(PG_MAJOR)
 
-.PHONY: demo test bench bench-outbox instructions bootstrap install install-debug unit suites lint fmt clean
+.PHONY: demo test bench bench-outbox bench-batch instructions bootstrap install install-debug unit suites lint fmt clean
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -59,6 +59,11 @@ suites:
 bench: install
 	scripts/bench.py
 	scripts/bench_outbox.py
+	scripts/bench_batch.py
+
+# Only the batch's cost curve on a 1,000,000-row backlog.
+bench-batch: install
+	scripts/bench_batch.py
 
 # Only the outbox's per-delivery comparison.
 bench-outbox: install

@@ -4,7 +4,9 @@
 # takes with a claim, suspends with wake_at and wakes when an approval
 # arrives (scripts/demo_worker.py); then the outbox: an order and its event
 # committed together, two subscribers, retries with backoff, a dead letter
-# and its redrive. By default it starts a scratch cluster under
+# and its redrive; workflow instances; and batch chunks: a 1,000,000-row
+# backlog ticked through with adapting chunks, and the seed's race. By
+# default it starts a scratch cluster under
 # target/demo; set PGSTURDY_DSN to run it against an existing server instead
 # (the extension must be installed there: `make install`, then it creates it).
 set -euo pipefail
@@ -139,4 +141,31 @@ q demo "UPDATE sturdy.instances SET finished_at = now() - interval '8 days' WHER
 UPDATE sturdy.idempotency_keys SET expires_at = now() - interval '7 days'"
 q cron "SELECT * FROM sturdy.sweep('7 days', 1000)"
 q anyone "SELECT business_key, status FROM sturdy.instances"
+say "Batch chunks: a 1,000,000-row backlog moved by batch_tick calls (what a pg_cron job would run), each chunk sized from the last one's rate"
+q setup "CREATE TABLE receipts (id int PRIMARY KEY, status text NOT NULL, amount numeric NOT NULL);
+INSERT INTO receipts SELECT i, 'planned', i % 1000 FROM generate_series(1, 1000000) i;
+VACUUM ANALYZE receipts;
+SELECT sturdy.batch_start('plan-to-pending', 'receipts', 'status = \$1', 'status = \$2',
+                          ARRAY['pending', 'planned'], chunk => 1000, target_seconds => 0.5)"
+printf '    %5s %9s %9s %8s %6s %10s\n' tick done remaining seconds done? next_chunk
+for tick in $(seq 1 200); do
+    line=$("$psql" "$PGSTURDY_DSN" -X -qAt -F ' ' -c "SELECT done, remaining, round(seconds::numeric, 3), complete FROM sturdy.batch_tick('plan-to-pending')" \
+                                              -c "SELECT chunk FROM sturdy.batches WHERE name = 'plan-to-pending'" | tr '\n' ' ')
+    set -- $line
+    printf '    %5s %9s %9s %8s %6s %10s\n' "$tick" "$1" "$2" "$3" "$4" "$5"
+    [ "$4" = t ] && break
+done
+q anyone "SELECT name, done, remaining, chunks, rows_per_second, complete FROM sturdy.batch_jobs"
+q anyone "SELECT status, count(*) FROM receipts GROUP BY status"
+
+say "The seed's race: a user cancels a receipt while a chunk is updating; the chunk waits for that row, re-checks the pending predicate on the new version, and skips it"
+q setup "CREATE TABLE small (id int PRIMARY KEY, status text NOT NULL);
+INSERT INTO small SELECT i, 'planned' FROM generate_series(1, 5) i"
+"$psql" "$PGSTURDY_DSN" -X -q -c "BEGIN" -c "UPDATE small SET status = 'cancelled' WHERE id = 3" -c "SELECT pg_sleep(2)" -c "COMMIT" >/dev/null &
+user=$!
+sleep 0.5
+printf '\033[36m%s>\033[0m %s\n' user "BEGIN; UPDATE small SET status = 'cancelled' WHERE id = 3; -- holds the row 2 s, then COMMIT"
+q batch "SELECT done, remaining, complete FROM sturdy.batch('small', 'status = \$1', 'status = \$2', ARRAY['pending', 'planned'], 100)"
+wait "$user"
+q anyone "SELECT id, status FROM small ORDER BY id"
 say "Done."
