@@ -510,6 +510,7 @@ fn return_outcome(call: &Args, o: &Outcome) -> Result<()> {
      VOLATILE PARALLEL UNSAFE ROWS 1",
     comment = "One chunk: UPDATE target SET set_clause on up to chunk rows where pending holds, pending re-checked on each row as updated; each call goes on after the last key of the one before. set_clause, pending and order_by are caller-written SQL (never build them from request data), run with your rights and search_path; $1..$n in them are bound from args. remaining is exact at the start and end of a pass, carried forward between; complete only on an exact zero."
 )]
+#[allow(clippy::too_many_arguments)]
 fn batch(
     call: &Args,
     target: Option<pg_sys::Oid>,
