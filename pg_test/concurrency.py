@@ -228,8 +228,9 @@ def test_an_idle_listening_worker_wakes_at_once_and_takes():
     t.start()
     ready.wait()
     with connect() as app:
-        app.execute("SELECT sturdy.schedule('woken', now(), 'wake')")
+        # noted before the schedule: the worker may wake before it returns
         scheduled_at.append(time.monotonic())
+        app.execute("SELECT sturdy.schedule('woken', now(), 'wake')")
     t.join()
     assert result.get("row") == ("woken",), result
     assert result["woken_after"] is not None and result["woken_after"] < 1.0, result
@@ -400,6 +401,52 @@ def test_an_idempotency_key_lives_for_the_ttl_set_when_it_was_written():
         (ttl,) = c.execute("SELECT expires_at - created_at FROM sturdy.idempotency_keys"
                            " WHERE process = 'ttl' AND key = 'long'").fetchone()
         assert ttl.total_seconds() == 24 * 3600, ttl
+
+
+def test_concurrent_ticks_and_batches_never_update_a_row_twice():
+    """Two sessions ticking one named job (the second returns at once while
+    the first holds it) and two running the same plain batch, all at once,
+    over 20,000 rows whose SET adds one to a counter: every row ends at
+    exactly one."""
+    with connect() as c:
+        c.execute("DROP TABLE IF EXISTS public.twice")
+        c.execute("CREATE TABLE public.twice (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)")
+        c.execute("INSERT INTO public.twice SELECT i FROM generate_series(1, 20000) i")
+        c.execute("DELETE FROM sturdy.batches")
+        c.execute("SELECT sturdy.batch_start('twice', 'public.twice', 'n = n + 1', 'n = 0', chunk => 500,"
+                  " target_seconds => 0.05)")
+    errors, busy = [], []
+
+    def ticker():
+        try:
+            with connect() as c:
+                while True:
+                    done, complete = c.execute("SELECT done, complete FROM sturdy.batch_tick('twice')").fetchone()
+                    if complete:
+                        return
+                    if done == 0:
+                        busy.append(1)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    def plain():
+        try:
+            with connect() as c:
+                while not c.execute("SELECT complete FROM sturdy.batch('public.twice', 'n = n + 1', 'n = 0',"
+                                    " chunk => 700)").fetchone()[0]:
+                    pass
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (ticker, ticker, plain, plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with connect() as c:
+        counts = c.execute("SELECT n, count(*) FROM public.twice GROUP BY n ORDER BY n").fetchall()
+    assert counts == [(1, 20000)], counts
 
 
 def main():

@@ -537,16 +537,26 @@ fn batch(
             .as_deref()
             .map_or_else(plan::null::<String>, Into::into),
     ];
-    let state = match plan::run_generic(&ANON_STATE, &state_args, |rows| read_state(&rows))? {
-        Some(s) => s,
-        None => plan::run_generic(&ANON_STATE_AGAIN, &[name.as_str().into()], |rows| {
-            read_state(&rows)
-        })?
-        .ok_or(Error::Internal {
-            context: "batch",
-            cause: "its progress row vanished".into(),
-        })?,
-    };
+    // The progress row, locked. A call that waited for a concurrent call of
+    // the same batch finds the row that call inserted (on a second look, with
+    // a fresh snapshot), or none if that call completed the batch and deleted
+    // it: then it starts afresh.
+    let mut found = None;
+    for _ in 0..3 {
+        found = plan::run_generic(&ANON_STATE, &state_args, |rows| read_state(&rows))?;
+        if found.is_none() {
+            found = plan::run_generic(&ANON_STATE_AGAIN, &[name.as_str().into()], |rows| {
+                read_state(&rows)
+            })?;
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    let state = found.ok_or(Error::Internal {
+        context: "batch",
+        cause: "its progress row kept vanishing".into(),
+    })?;
     // a plain call's chunk size is the one it passes
     let state = State {
         chunk: i64::from(chunk),
