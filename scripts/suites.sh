@@ -43,9 +43,12 @@ as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE D
 as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
 python3 pg_test/concurrency.py "host=$dir/cluster port=$port user=postgres dbname=sturdy_concurrency" \
     | tee "$out/concurrency.log" || status=1
-total=$(( ${#regress[@]} + ${#isolation[@]} + $(grep -cE '^(ok|FAIL) ' "$out/concurrency.log") ))
+# pg_dump of a database with rows in every table, restored into a fresh one.
+python3 pg_test/dump_restore.py "$bindir" "host=$dir/cluster port=$port user=postgres" \
+    | tee "$out/dump_restore.log" || status=1
+total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "$out"/concurrency.log "$out"/dump_restore.log | grep -cE '^(ok|FAIL) ') ))
 failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
-failed=$(( failed + $(grep -c '^FAIL ' "$out/concurrency.log" || true) ))
+failed=$(( failed + $(cat "$out"/concurrency.log "$out"/dump_restore.log | grep -c '^FAIL ' || true) ))
 
 if [ "$status" != 0 ]; then
     for d in "$out"/*/regression.diffs; do [ -s "$d" ] && { echo "== $d"; head -200 "$d"; }; done
