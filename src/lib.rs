@@ -61,6 +61,7 @@ pgrx::extension_sql_file!(
     requires = ["outbox"]
 );
 pgrx::extension_sql_file!("../sql/batch.sql", name = "batch", requires = ["workflow"]);
+pgrx::extension_sql_file!("../sql/health.sql", name = "health", requires = ["batch"]);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 /// Run once per backend, when the library is loaded: our settings.

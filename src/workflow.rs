@@ -1029,6 +1029,38 @@ mod tests {
         assert_eq!(count("sturdy.deliveries"), 3);
     }
 
+    /// sturdy.health: each signal flips when its condition appears.
+    #[pg_test]
+    fn health_flags_what_an_operator_must_look_at() {
+        let bad = || {
+            text("SELECT string_agg(signal, ',' ORDER BY signal) FROM sturdy.health WHERE NOT ok")
+                .unwrap_or_default()
+        };
+        assert_eq!(bad(), "");
+        Spi::run(
+            "SELECT sturdy.schedule('h-1', now() - interval '10 minutes', 'hq');
+             INSERT INTO sturdy.queue (queue, workflow, visible_at, taken_at, takes, scheduled_at)
+             VALUES ('hq', 'h-2', now() - interval '1 s', now() - interval '1 min', 1, now());
+             CREATE FUNCTION public.h_fail(m sturdy.outbox, attempt int) RETURNS void LANGUAGE plpgsql
+               AS $$BEGIN RAISE 'down'; END$$;
+             SELECT sturdy.subscribe('h.e', 'public.h_fail(sturdy.outbox, integer)', 1);
+             SELECT sturdy.emit('h.e', '1'); SELECT * FROM sturdy.pump();
+             SELECT sturdy.emit('h.e', '2');
+             UPDATE sturdy.outbox SET created_at = now() - interval '1 hour' WHERE payload = '2';
+             SELECT sturdy.start('h', 'stalled');
+             UPDATE sturdy.instances SET updated_at = now() - interval '2 hours';",
+        )
+        .unwrap();
+        assert_eq!(
+            bad(),
+            "dead deliveries,lapsed leases,oldest pending delivery,oldest ready job,stuck instances"
+        );
+        assert_eq!(
+            text("SELECT value FROM sturdy.health WHERE signal = 'oldest ready job'").as_deref(),
+            Some("00:10:00")
+        );
+    }
+
     #[pg_test]
     fn workflow_bad_input_gets_a_clear_error_and_writes_nothing() {
         for (sql, state) in [
