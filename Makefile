@@ -15,18 +15,24 @@ export PG_CONFIG
 export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 CARGO_FEATURES = --no-default-features --features pg$(PG_MAJOR)
 
-.PHONY: demo test bench bench-outbox bench-batch instructions bootstrap install install-debug unit suites lint fmt clean
+.PHONY: demo test bench bench-outbox bench-batch instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean
 
 bootstrap:
 	scripts/bootstrap.sh
 
-# Build (release) and install into $(PG_CONFIG)'s PostgreSQL.
+# Build (release) and install into $(PG_CONFIG)'s PostgreSQL, with the
+# install scripts of released versions and the update scripts between them.
 install:
 	cargo pgrx install --release --pg-config $(PG_CONFIG) $(CARGO_FEATURES)
+	$(MAKE) --no-print-directory install-upgrades
 
 # The suites use the debug build that `cargo pgrx test` just compiled.
 install-debug:
 	cargo pgrx install --pg-config $(PG_CONFIG) $(CARGO_FEATURES)
+	$(MAKE) --no-print-directory install-upgrades
+
+install-upgrades:
+	install -m 644 sql/releases/pg_sturdy--*.sql sql/pg_sturdy--*--*.sql "$$($(PG_CONFIG) --sharedir)/extension/"
 
 # The main job: a readable scenario on a scratch cluster of its own.
 demo: bootstrap

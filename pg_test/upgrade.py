@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""ALTER EXTENSION pg_sturdy UPDATE from every released version: the
+extension created at the old version and filled through its API, then
+updated. Every row is still there, the catalog (functions, tables, columns,
+indexes, constraints, views, comments, privileges, what pg_dump keeps) equals
+a fresh install's, and the new functions work. Run by scripts/suites.sh:
+
+  pg_test/upgrade.py "host=... port=... user=postgres"
+"""
+import sys
+
+import psycopg
+
+CONN = sys.argv[1]
+RELEASED = ["0.1.0"]
+
+# 0.1.0's API: claims, checkpoints, the queue
+FILL = """
+SELECT sturdy.claim('up-' || i) FROM generate_series(1, 10) i;
+SELECT sturdy.record('up-' || i, 'step', to_jsonb(i), 1) FROM generate_series(1, 10) i;
+SELECT sturdy.supply('up-1', 'approval', '"yes"');
+SELECT sturdy.schedule('up-' || i, now() + interval '1 hour', 'up-q') FROM generate_series(1, 5) i;
+SELECT sturdy.release('up-2', 1);
+"""
+
+# The catalog as a user and pg_dump see it: each query's rows, as text.
+CATALOG = {
+    "functions": """
+        SELECT p.oid::regprocedure::text, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
+               l.lanname, p.prokind, p.provolatile, p.proisstrict, p.proparallel, p.prosecdef, p.proconfig,
+               p.prorows, p.proacl, obj_description(p.oid, 'pg_proc'),
+               CASE WHEN l.lanname = 'c' THEN p.prosrc ELSE md5(p.prosrc) END
+          FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+         WHERE p.pronamespace = 'sturdy'::regnamespace""",
+    "relations": """
+        SELECT c.relname, c.relkind, c.relpersistence, c.relacl, obj_description(c.oid, 'pg_class'),
+               c.reloptions, CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) END
+          FROM pg_class c WHERE c.relnamespace = 'sturdy'::regnamespace""",
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               pg_get_expr(d.adbin, d.adrelid), co.collname, col_description(c.oid, a.attnum)
+          FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+          LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+          LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
+         WHERE c.relnamespace = 'sturdy'::regnamespace""",
+    "indexes": """
+        SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index i
+          JOIN pg_class c ON c.oid = i.indrelid WHERE c.relnamespace = 'sturdy'::regnamespace""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
+         WHERE connamespace = 'sturdy'::regnamespace""",
+    "kept by pg_dump": """
+        SELECT cfg::regclass::text, cond FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS x(cfg, cond)
+         WHERE e.extname = 'pg_sturdy'""",
+    "members": """
+        SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend
+         WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
+           AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_sturdy')""",
+}
+
+
+def catalog(c):
+    return {name: sorted(repr(r) for r in c.execute(q).fetchall()) for name, q in CATALOG.items()}
+
+
+def rows(c):
+    return {t: c.execute(f"SELECT coalesce(string_agg(r::text, ',' ORDER BY r::text), '') FROM sturdy.{t} r"
+                         ).fetchone()[0] for t in ("claims", "checkpoints", "queue")}
+
+
+def main():
+    results = []
+
+    def check(name, problems):
+        results.append(not problems)
+        print(("ok   " if not problems else "FAIL ") + name + ("" if not problems else f": {problems}"), flush=True)
+
+    with psycopg.connect(f"{CONN} dbname=postgres", autocommit=True) as c:
+        c.execute("DROP DATABASE IF EXISTS sturdy_fresh")
+        c.execute("CREATE DATABASE sturdy_fresh")
+    with psycopg.connect(f"{CONN} dbname=sturdy_fresh", autocommit=True) as c:
+        c.execute("CREATE EXTENSION pg_sturdy")
+        current = c.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_sturdy'").fetchone()[0]
+        fresh = catalog(c)
+
+    for version in RELEASED:
+        db = "sturdy_from_" + version.replace(".", "_")
+        with psycopg.connect(f"{CONN} dbname=postgres", autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db}")
+            c.execute(f"CREATE DATABASE {db}")
+        with psycopg.connect(f"{CONN} dbname={db}", autocommit=True) as c:
+            c.execute(f"CREATE EXTENSION pg_sturdy VERSION '{version}'")
+            c.execute(FILL)
+            before = rows(c)
+            c.execute("ALTER EXTENSION pg_sturdy UPDATE")
+            now = c.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_sturdy'").fetchone()[0]
+            check(f"{version} updates to {current}", [] if now == current else [f"at {now}"])
+            check(f"{version}: every row is still there", [] if rows(c) == before else ["rows changed"])
+            updated = catalog(c)
+            differ = {k: (sorted(set(updated[k]) - set(fresh[k]))[:3], sorted(set(fresh[k]) - set(updated[k]))[:3])
+                      for k in CATALOG if updated[k] != fresh[k]}
+            check(f"{version}: the catalog equals a fresh install's", [] if not differ
+                  else [f"{k}: only after the update {a}, only in a fresh install {b}" for k, (a, b) in differ.items()])
+            # the old functions on the old rows, and the new ones
+            problems = []
+            if c.execute("SELECT sturdy.fence('up-1', 1)").fetchone() is None:
+                problems.append("fence")
+            if c.execute("SELECT count(*) FROM sturdy.load('up-1')").fetchone()[0] != 2:
+                problems.append("load")
+            if c.execute("SELECT sturdy.start('p', 'k')").fetchone()[0] is None:
+                problems.append("start")
+            if c.execute("SELECT deliveries FROM sturdy.emit('e', '1')").fetchone()[0] != 0:
+                problems.append("emit")
+            if c.execute("SELECT count(*) FROM sturdy.health").fetchone()[0] < 5:
+                problems.append("health")
+            check(f"{version}: old and new functions work after the update", problems)
+    print(f"upgrade: {sum(results)} passed, {len(results) - sum(results)} failed")
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()

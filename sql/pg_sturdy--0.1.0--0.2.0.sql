@@ -1,0 +1,475 @@
+-- pg_sturdy 0.1.0 -> 0.2.0: the transactional outbox, workflow instances,
+-- batch chunks and the health view. Every object 0.2.0 adds, in install order
+-- (drafted by scripts/release_diff.py from the two versions' install scripts,
+-- then read by hand); grant_usage is replaced (it grants on ALL ROUTINES:
+-- batch_all is a procedure), and the revokes run again over the new objects.
+\echo Use "ALTER EXTENSION pg_sturdy UPDATE TO '0.2.0'" to load this file. \quit
+
+-- src/workflow.rs:503
+CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_finish';
+COMMENT ON FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text, value jsonb, status text, queue text, error text) IS
+    'End a pass in one call: fenced like record (a stale token raises SD001 and nothing happens), record step = value when given, move the workflow''s instance to status when given (SD002 from a terminal status), release the claim, and remove the queue row under done''s receipt rule, whose answer it returns (false: a wakeup arrived during the pass and the row stays).';
+
+-- src/batch.rs:506
+CREATE FUNCTION sturdy.batch(target regclass, set_clause text, pending text, args text[] DEFAULT '{}', chunk integer DEFAULT 1000, key name DEFAULT 'id', order_by text DEFAULT NULL) RETURNS TABLE (done bigint, remaining bigint, seconds float8, complete boolean) VOLATILE PARALLEL UNSAFE ROWS 1
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_batch';
+COMMENT ON FUNCTION sturdy.batch(target regclass, set_clause text, pending text, args text[], chunk integer, key name, order_by text) IS
+    'One chunk: UPDATE target SET set_clause on up to chunk rows where pending holds, pending re-checked on each row as updated; each call goes on after the last key of the one before. set_clause, pending and order_by are caller-written SQL (never build them from request data), run with your rights and search_path; $1..$n in them are bound from args. remaining is exact at the start and end of a pass, carried forward between; complete only on an exact zero.';
+
+-- src/batch.rs:572
+CREATE FUNCTION sturdy.batch_start(name text, target regclass, set_clause text, pending text, args text[] DEFAULT '{}', chunk integer DEFAULT 1000, key name DEFAULT 'id', order_by text DEFAULT NULL, target_seconds float8 DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_batch_start';
+COMMENT ON FUNCTION sturdy.batch_start(name text, target regclass, set_clause text, pending text, args text[], chunk integer, key name, order_by text, target_seconds float8) IS
+    'Register a named batch job for sturdy.batch_tick (e.g. from pg_cron), checked as batch checks its arguments. chunk is the first chunk''s size; each tick then sizes the next from the measured rate to take target_seconds (default: a fifth of statement_timeout, or 1 s without one).';
+
+-- src/batch.rs:676
+CREATE FUNCTION sturdy.batch_tick(name text) RETURNS TABLE (done bigint, remaining bigint, seconds float8, complete boolean) VOLATILE PARALLEL UNSAFE ROWS 1
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_batch_tick';
+COMMENT ON FUNCTION sturdy.batch_tick(name text) IS
+    'Run one chunk of the named job and size the next from its measured rate. A finished job does nothing (complete); a job another tick is running returns at once with nothing done.';
+
+-- src/outbox.rs:324
+CREATE FUNCTION sturdy.unsubscribe(event text, subscriber regprocedure) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_unsubscribe';
+COMMENT ON FUNCTION sturdy.unsubscribe(event text, subscriber regprocedure) IS
+    'Stop creating deliveries of event for subscriber. Deliveries already created still go out. False when there was no such subscription.';
+
+-- src/workflow.rs:450
+CREATE FUNCTION sturdy.stuck(older_than interval) RETURNS TABLE (id bigint, process text, business_key text, workflow text, status text, stalled_since timestamptz) STABLE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_stuck';
+COMMENT ON FUNCTION sturdy.stuck(older_than interval) IS
+    'Pending or running instances with no progress (no status change, no checkpoint of any kind) for older_than, longest stalled first.';
+
+-- src/workflow.rs:463
+CREATE FUNCTION sturdy.transition(id bigint, from_status text, to_status text, expected_revision bigint DEFAULT NULL, token bigint DEFAULT NULL, error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_transition';
+COMMENT ON FUNCTION sturdy.transition(id bigint, from_status text, to_status text, expected_revision bigint, token bigint, error text) IS
+    'Move instance id from from_status to to_status (and from expected_revision, when given), adding one to its revision and keeping error as its last error when given. False when refused: another status or revision, a terminal status (never left), or no such instance. With a token, fenced like record: a stale token raises SD001.';
+
+-- src/outbox.rs:302
+CREATE FUNCTION sturdy.subscribe(event text, subscriber regprocedure, max_attempts integer DEFAULT 3) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_subscribe';
+COMMENT ON FUNCTION sturdy.subscribe(event text, subscriber regprocedure, max_attempts integer) IS
+    'Deliver every later emit of event to subscriber, a function (message sturdy.outbox, attempt integer) whose result is ignored; a delivery that fails max_attempts times is dead. Subscribing again changes max_attempts for later emits.';
+
+-- src/outbox.rs:541
+CREATE FUNCTION sturdy.pump(max integer DEFAULT 50) RETURNS TABLE (seen integer, delivered integer, retrying integer, dead_letter integer) VOLATILE PARALLEL UNSAFE ROWS 1
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_pump';
+COMMENT ON FUNCTION sturdy.pump(max integer) IS
+    'Deliver up to max due deliveries (SKIP LOCKED: pumps share the work), each subscriber in its own subtransaction, with the caller''s rights and search_path. A failure rolls back that subscriber''s effects, keeps the error and its SQLSTATE, and retries after 2^attempt seconds, or marks the delivery dead at max_attempts. Per aggregate_id and subscriber, in emit order.';
+
+-- src/outbox.rs:345
+CREATE FUNCTION sturdy.emit(event text, payload jsonb, aggregate_id text DEFAULT NULL) RETURNS TABLE (outbox bigint, deliveries integer) VOLATILE PARALLEL UNSAFE ROWS 1
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_emit';
+COMMENT ON FUNCTION sturdy.emit(event text, payload jsonb, aggregate_id text) IS
+    'Write event with payload to the outbox and one pending delivery per subscriber, in this transaction. Deliveries with the same aggregate_id go out to each subscriber in emit order. When a pump waits, NOTIFY sturdy_outbox with the event name at commit.';
+
+-- src/outbox.rs:580
+CREATE FUNCTION sturdy.redrive(delivery bigint) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_redrive';
+COMMENT ON FUNCTION sturdy.redrive(delivery bigint) IS
+    'Make a dead delivery pending again, due now, with its attempts reset. False when it is not dead (or does not exist).';
+
+-- src/workflow.rs:565
+CREATE FUNCTION sturdy.sweep(older_than interval DEFAULT '7 days', max integer DEFAULT 1000) RETURNS TABLE (kind text, deleted bigint) VOLATILE PARALLEL UNSAFE ROWS 6
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_sweep';
+COMMENT ON FUNCTION sturdy.sweep(older_than interval, max integer) IS
+    'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, and at most max expired idempotency keys. Counts per kind; call it again (pg_cron) until the counts are zero.';
+
+-- src/lib.rs:57
+-- requires:
+--   queue
+
+-- The transactional outbox: events written in the caller's transaction, and
+-- one delivery per subscriber, handed to the subscriber's function by pump.
+--
+-- Subscribers are stored as text, the function's qualified signature
+-- ('app.on_order(sturdy.outbox, integer)'), not as regprocedure: a reg*
+-- column other than regclass/regtype/regrole makes pg_upgrade refuse the
+-- cluster, and an OID would not survive pg_dump. pump resolves the name on
+-- every call, so a function dropped and created again is found again.
+--
+-- Ids come from sequences of their own (not identity columns) so that
+-- pg_dump keeps their positions with the data: restored, new ids continue
+-- after the dumped ones.
+
+CREATE TABLE sturdy.subscriptions (
+    event        text        COLLATE "C" NOT NULL,
+    subscriber   text        NOT NULL,
+    max_attempts integer     NOT NULL CHECK (max_attempts > 0),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (event, subscriber)
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.subscriptions', '');
+COMMENT ON TABLE sturdy.subscriptions IS
+    'Who gets which event: emit creates one delivery per row for its event. Written by sturdy.subscribe and sturdy.unsubscribe.';
+COMMENT ON COLUMN sturdy.subscriptions.event IS 'The event name emit is called with.';
+COMMENT ON COLUMN sturdy.subscriptions.subscriber IS
+    'The subscriber function''s qualified signature, e.g. app.on_order(sturdy.outbox, integer).';
+COMMENT ON COLUMN sturdy.subscriptions.max_attempts IS 'Attempts before a delivery is dead; copied into each delivery at emit.';
+COMMENT ON COLUMN sturdy.subscriptions.created_at IS 'When sturdy.subscribe first created the subscription.';
+
+CREATE SEQUENCE sturdy.outbox_id_seq;
+CREATE TABLE sturdy.outbox (
+    id           bigint      NOT NULL DEFAULT pg_catalog.nextval('sturdy.outbox_id_seq'::pg_catalog.regclass) PRIMARY KEY,
+    event        text        COLLATE "C" NOT NULL,
+    payload      jsonb       NOT NULL,
+    aggregate_id text        COLLATE "C",
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+ALTER SEQUENCE sturdy.outbox_id_seq OWNED BY sturdy.outbox.id;
+SELECT pg_catalog.pg_extension_config_dump('sturdy.outbox', '');
+SELECT pg_catalog.pg_extension_config_dump('sturdy.outbox_id_seq', '');
+COMMENT ON SEQUENCE sturdy.outbox_id_seq IS 'Ids of sturdy.outbox (kept by pg_dump, so ids continue after a restore).';
+COMMENT ON TABLE sturdy.outbox IS
+    'Events, one row per sturdy.emit, written in the emitting transaction. Its row type is the message handed to subscribers.';
+COMMENT ON COLUMN sturdy.outbox.id IS 'Emit order: deliveries for one aggregate go out in this order.';
+COMMENT ON COLUMN sturdy.outbox.event IS 'The event name.';
+COMMENT ON COLUMN sturdy.outbox.payload IS 'The event''s data, as emitted.';
+COMMENT ON COLUMN sturdy.outbox.aggregate_id IS
+    'What the event is about (an order id): deliveries to one subscriber for one aggregate go out in emit order. NULL: unordered.';
+COMMENT ON COLUMN sturdy.outbox.created_at IS 'When the emitting transaction ran emit.';
+
+CREATE SEQUENCE sturdy.deliveries_id_seq;
+CREATE TABLE sturdy.deliveries (
+    id              bigint      NOT NULL DEFAULT pg_catalog.nextval('sturdy.deliveries_id_seq'::pg_catalog.regclass) PRIMARY KEY,
+    outbox_id       bigint      NOT NULL REFERENCES sturdy.outbox ON DELETE CASCADE,
+    subscriber      text        NOT NULL,
+    aggregate_id    text        COLLATE "C",
+    state           text        COLLATE "C" NOT NULL DEFAULT 'pending'
+                                CHECK (state IN ('pending', 'done', 'dead')),
+    attempts        integer     NOT NULL DEFAULT 0,
+    max_attempts    integer     NOT NULL CHECK (max_attempts > 0),
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    last_error      text,
+    last_sqlstate   text        COLLATE "C",
+    delivered_at    timestamptz
+);
+ALTER SEQUENCE sturdy.deliveries_id_seq OWNED BY sturdy.deliveries.id;
+-- pump's scan: due pending deliveries, oldest first. Done and dead rows are
+-- not in it, so a long history costs pump nothing.
+CREATE INDEX deliveries_due ON sturdy.deliveries (next_attempt_at, id) WHERE state = 'pending';
+-- per-aggregate order: is an earlier delivery of this (subscriber, aggregate)
+-- still pending?
+CREATE INDEX deliveries_order ON sturdy.deliveries (subscriber, aggregate_id, id)
+    WHERE state = 'pending' AND aggregate_id IS NOT NULL;
+-- the foreign key's cascade, and cleanup by message
+CREATE INDEX deliveries_outbox ON sturdy.deliveries (outbox_id);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries', '');
+SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries_id_seq', '');
+COMMENT ON SEQUENCE sturdy.deliveries_id_seq IS 'Ids of sturdy.deliveries (kept by pg_dump, so ids continue after a restore).';
+COMMENT ON TABLE sturdy.deliveries IS
+    'One row per (message, subscriber): pending until sturdy.pump delivers it (done) or gives up after max_attempts (dead).';
+COMMENT ON COLUMN sturdy.deliveries.id IS 'The delivery id sturdy.redrive takes.';
+COMMENT ON COLUMN sturdy.deliveries.outbox_id IS 'The message (sturdy.outbox.id).';
+COMMENT ON COLUMN sturdy.deliveries.subscriber IS 'The subscriber function''s qualified signature, as subscribed.';
+COMMENT ON COLUMN sturdy.deliveries.aggregate_id IS 'The message''s aggregate_id, kept here for the order check.';
+COMMENT ON COLUMN sturdy.deliveries.state IS 'pending (due at next_attempt_at), done, or dead (max_attempts failed; sturdy.redrive makes it pending again).';
+COMMENT ON COLUMN sturdy.deliveries.attempts IS 'Calls of the subscriber so far, failed ones included (counted even though their effects were rolled back).';
+COMMENT ON COLUMN sturdy.deliveries.max_attempts IS 'Attempts before it is dead, from the subscription at emit.';
+COMMENT ON COLUMN sturdy.deliveries.next_attempt_at IS 'When pump may try it: emit time at first, then 2^attempts seconds after each failure.';
+COMMENT ON COLUMN sturdy.deliveries.last_error IS 'The first 200 characters of the last failure''s message (kept after a later success).';
+COMMENT ON COLUMN sturdy.deliveries.last_sqlstate IS 'The last failure''s SQLSTATE, exactly as raised (custom codes included).';
+COMMENT ON COLUMN sturdy.deliveries.delivered_at IS 'When the successful attempt ran (its pump''s transaction time).';
+
+-- Whether a pump waits for work: a pump that found nothing due leaves the
+-- mark, and the next emit (or redrive) that creates a due delivery removes it
+-- and sends the one NOTIFY sturdy_outbox. Unlogged and not dumped, like
+-- sturdy.queue_waiters.
+CREATE UNLOGGED TABLE sturdy.outbox_waiters (
+    waiting boolean     PRIMARY KEY DEFAULT true CHECK (waiting),
+    since   timestamptz NOT NULL
+);
+COMMENT ON TABLE sturdy.outbox_waiters IS
+    'One row while a pump waits: set by a pump that found nothing due, cleared (with one NOTIFY sturdy_outbox) by the next emit or redrive that creates due work.';
+COMMENT ON COLUMN sturdy.outbox_waiters.waiting IS 'Always true: at most one row.';
+COMMENT ON COLUMN sturdy.outbox_waiters.since IS 'When a pump first found nothing due since the last notification.';
+
+CREATE VIEW sturdy.outbox_stats WITH (security_invoker = true) AS
+SELECT o.event,
+       d.subscriber,
+       count(*) FILTER (WHERE d.state = 'pending')                      AS pending,
+       count(*) FILTER (WHERE d.state = 'pending' AND d.attempts > 0)   AS retrying,
+       count(*) FILTER (WHERE d.state = 'done')                         AS done,
+       count(*) FILTER (WHERE d.state = 'dead')                         AS dead,
+       now() - min(o.created_at) FILTER (WHERE d.state = 'pending')     AS oldest_pending_age
+  FROM sturdy.deliveries d
+  JOIN sturdy.outbox o ON o.id = d.outbox_id
+ GROUP BY o.event, d.subscriber;
+COMMENT ON VIEW sturdy.outbox_stats IS
+    'Per event and subscriber: deliveries pending (of which retrying after a failure), done and dead, and how long ago the oldest pending one was emitted.';
+
+-- src/lib.rs:58
+-- requires:
+--   outbox
+
+-- Workflow instances: a process started for a business key, with a status
+-- that only moves by compare-and-set and never leaves a terminal one, and
+-- the idempotency keys that make a start safe to retry.
+
+CREATE SEQUENCE sturdy.instances_id_seq;
+CREATE TABLE sturdy.instances (
+    id           bigint      NOT NULL DEFAULT pg_catalog.nextval('sturdy.instances_id_seq'::pg_catalog.regclass) PRIMARY KEY,
+    process      text        COLLATE "C" NOT NULL,
+    business_key text        COLLATE "C" NOT NULL,
+    workflow     text        COLLATE "C" NOT NULL UNIQUE,
+    queue        text        COLLATE "C" NOT NULL,
+    status       text        COLLATE "C" NOT NULL DEFAULT 'pending'
+                             CHECK (status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+    revision     bigint      NOT NULL DEFAULT 1,
+    variables    jsonb       NOT NULL CHECK (pg_catalog.jsonb_typeof(variables) = 'object'),
+    last_error   text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    finished_at  timestamptz,
+    CHECK ((finished_at IS NOT NULL) = (status IN ('succeeded', 'failed', 'cancelled')))
+);
+ALTER SEQUENCE sturdy.instances_id_seq OWNED BY sturdy.instances.id;
+-- status: the newest instance of a business key
+CREATE INDEX instances_business_key ON sturdy.instances (business_key, id);
+-- stuck: live instances by the time of their last status change
+CREATE INDEX instances_live ON sturdy.instances (updated_at) WHERE status IN ('pending', 'running');
+-- sweep: finished instances, oldest first
+CREATE INDEX instances_finished ON sturdy.instances (finished_at) WHERE finished_at IS NOT NULL;
+SELECT pg_catalog.pg_extension_config_dump('sturdy.instances', '');
+SELECT pg_catalog.pg_extension_config_dump('sturdy.instances_id_seq', '');
+COMMENT ON SEQUENCE sturdy.instances_id_seq IS 'Ids of sturdy.instances (kept by pg_dump, so ids continue after a restore).';
+COMMENT ON TABLE sturdy.instances IS
+    'Workflow instances: one row per sturdy.start, its status moved by sturdy.transition and sturdy.finish.';
+COMMENT ON COLUMN sturdy.instances.id IS 'The instance id start returns.';
+COMMENT ON COLUMN sturdy.instances.process IS 'The process (the kind of workflow) it runs.';
+COMMENT ON COLUMN sturdy.instances.business_key IS 'What it is about (an order number); status looks instances up by it.';
+COMMENT ON COLUMN sturdy.instances.workflow IS
+    'Its workflow name, process/id: the name its claims, checkpoints and queue row use.';
+COMMENT ON COLUMN sturdy.instances.queue IS 'The queue start scheduled it on.';
+COMMENT ON COLUMN sturdy.instances.status IS
+    'pending, running, or one of the terminal succeeded, failed, cancelled (never left).';
+COMMENT ON COLUMN sturdy.instances.revision IS 'Starts at 1; every status change adds one (compare it to move safely).';
+COMMENT ON COLUMN sturdy.instances.variables IS 'The JSON object it was started with.';
+COMMENT ON COLUMN sturdy.instances.last_error IS 'The error given with the last transition or finish that gave one.';
+COMMENT ON COLUMN sturdy.instances.created_at IS 'When start created it.';
+COMMENT ON COLUMN sturdy.instances.updated_at IS 'Its last status change (start counts).';
+COMMENT ON COLUMN sturdy.instances.finished_at IS 'When it reached a terminal status; sweep removes it some time after.';
+
+CREATE TABLE sturdy.idempotency_keys (
+    process     text        COLLATE "C" NOT NULL,
+    key         text        COLLATE "C" NOT NULL,
+    instance    bigint      NOT NULL,
+    created_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (process, key)
+);
+-- sweep: expired keys
+CREATE INDEX idempotency_keys_expiry ON sturdy.idempotency_keys (expires_at);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.idempotency_keys', '');
+COMMENT ON TABLE sturdy.idempotency_keys IS
+    'Start''s idempotency keys: while a key lives, a start with it returns the instance it first created.';
+COMMENT ON COLUMN sturdy.idempotency_keys.process IS 'Keys are scoped to a process.';
+COMMENT ON COLUMN sturdy.idempotency_keys.key IS 'The idempotency key the caller gave.';
+COMMENT ON COLUMN sturdy.idempotency_keys.instance IS 'The instance the key''s first start created.';
+COMMENT ON COLUMN sturdy.idempotency_keys.created_at IS 'When the key was written (or reused after it expired).';
+COMMENT ON COLUMN sturdy.idempotency_keys.expires_at IS
+    'created_at + sturdy.idempotency_ttl as it was then; from this time the key may be reused.';
+
+-- src/lib.rs:63
+-- requires:
+--   workflow
+
+-- Batch chunks: the progress of each batch, so that a chunk starts where the
+-- last one stopped (keyset on the key column) and a job can be ticked from
+-- pg_cron. Named jobs are registered by sturdy.batch_start; a plain
+-- sturdy.batch call keeps its own row under a name derived from its
+-- arguments, deleted when it completes.
+
+CREATE TABLE sturdy.batches (
+    name           text        COLLATE "C" PRIMARY KEY,
+    named          boolean     NOT NULL,
+    target         regclass    NOT NULL,
+    set_clause     text        NOT NULL,
+    pending        text        NOT NULL,
+    args           text[]      NOT NULL,
+    chunk          integer     NOT NULL CHECK (chunk > 0),
+    key            name        NOT NULL,
+    order_by       text,
+    target_seconds float8      CHECK (target_seconds > 0),
+    cursor         text,
+    pass           integer     NOT NULL DEFAULT 1,
+    remaining      bigint,
+    done           bigint      NOT NULL DEFAULT 0,
+    chunks         bigint      NOT NULL DEFAULT 0,
+    seconds        float8      NOT NULL DEFAULT 0,
+    last_seconds   float8,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    finished_at    timestamptz
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.batches', '');
+COMMENT ON TABLE sturdy.batches IS
+    'Batch progress: named jobs (sturdy.batch_start, ticked by sturdy.batch_tick) and the running state of plain sturdy.batch calls.';
+COMMENT ON COLUMN sturdy.batches.name IS 'The job name; for a plain sturdy.batch call, batch: and a hash of its arguments.';
+COMMENT ON COLUMN sturdy.batches.named IS 'A job registered by batch_start (kept when finished) rather than a plain batch call''s state.';
+COMMENT ON COLUMN sturdy.batches.target IS 'The table updated.';
+COMMENT ON COLUMN sturdy.batches.set_clause IS 'The SET list (caller-written SQL).';
+COMMENT ON COLUMN sturdy.batches.pending IS 'The predicate of rows still to do (caller-written SQL), placed in the chunk''s selection and in the UPDATE''s guard.';
+COMMENT ON COLUMN sturdy.batches.args IS 'The values bound to $1..$n in the fragments.';
+COMMENT ON COLUMN sturdy.batches.chunk IS 'Rows per chunk: fixed for batch, adapted by batch_tick to target_seconds.';
+COMMENT ON COLUMN sturdy.batches.key IS 'The key column chunks advance on.';
+COMMENT ON COLUMN sturdy.batches.order_by IS 'An order other than the key (then every chunk scans from the start: see the README).';
+COMMENT ON COLUMN sturdy.batches.target_seconds IS 'How long a tick''s chunk should take; NULL: a fifth of statement_timeout, or 1 s without one.';
+COMMENT ON COLUMN sturdy.batches.cursor IS 'The last key of the pass so far, as text; NULL at the start of a pass.';
+COMMENT ON COLUMN sturdy.batches.pass IS 'Passes over the key range: a pass that ends with rows still pending (made pending behind the cursor) starts another.';
+COMMENT ON COLUMN sturdy.batches.remaining IS 'Rows still pending: counted exactly at the start and end of each pass, carried forward (minus each chunk''s rows) in between.';
+COMMENT ON COLUMN sturdy.batches.done IS 'Rows updated so far.';
+COMMENT ON COLUMN sturdy.batches.chunks IS 'Chunks run so far.';
+COMMENT ON COLUMN sturdy.batches.seconds IS 'Time spent in chunks so far.';
+COMMENT ON COLUMN sturdy.batches.last_seconds IS 'How long the last chunk took.';
+COMMENT ON COLUMN sturdy.batches.started_at IS 'When the job was registered or the batch''s first chunk ran.';
+COMMENT ON COLUMN sturdy.batches.updated_at IS 'When the last chunk ran.';
+COMMENT ON COLUMN sturdy.batches.finished_at IS 'When a chunk found nothing pending (an exact count of zero).';
+
+CREATE VIEW sturdy.batch_jobs WITH (security_invoker = true) AS
+SELECT name, target, pass, done, remaining, chunk, chunks,
+       (done / NULLIF(seconds, 0))::bigint                                           AS rows_per_second,
+       CASE WHEN finished_at IS NULL AND done > 0 AND remaining IS NOT NULL
+            THEN pg_catalog.make_interval(secs => remaining * seconds / done) END     AS eta,
+       last_seconds, started_at, updated_at, finished_at,
+       finished_at IS NOT NULL                                                      AS complete
+  FROM sturdy.batches
+ WHERE named;
+COMMENT ON VIEW sturdy.batch_jobs IS
+    'Named batch jobs: rows done and remaining, the current chunk size, rows per second over the chunks so far, and an ETA at that rate.';
+
+-- Run chunks of sturdy.batch, committing after each, until the batch is
+-- complete or the budget is spent.
+CREATE PROCEDURE sturdy.batch_all(
+    target regclass, set_clause text, pending text, args text[] DEFAULT '{}', chunk integer DEFAULT 1000,
+    key name DEFAULT 'id', order_by text DEFAULT NULL, budget interval DEFAULT NULL,
+    INOUT done bigint DEFAULT NULL, INOUT remaining bigint DEFAULT NULL, INOUT chunks integer DEFAULT NULL,
+    INOUT complete boolean DEFAULT NULL)
+LANGUAGE plpgsql SECURITY INVOKER
+AS $$
+DECLARE
+    r record;
+    started timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    done := 0;
+    chunks := 0;
+    LOOP
+        SELECT * INTO r FROM sturdy.batch(target, set_clause, pending, args, chunk, key, order_by);
+        done := done OPERATOR(pg_catalog.+) r.done;
+        chunks := chunks OPERATOR(pg_catalog.+) 1;
+        remaining := r.remaining;
+        complete := r.complete;
+        COMMIT;
+        EXIT WHEN complete OR (budget IS NOT NULL AND
+                               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) started OPERATOR(pg_catalog.>=) budget);
+    END LOOP;
+END
+$$;
+COMMENT ON PROCEDURE sturdy.batch_all(regclass, text, text, text[], integer, name, text, interval, bigint, bigint, integer, boolean) IS
+    'CALL it: chunks of sturdy.batch, each committed, until complete or budget (an interval) is spent; returns the rows done, remaining, the chunks run and whether it completed. Not inside a transaction block.';
+
+-- src/lib.rs:64
+-- requires:
+--   batch
+
+-- "Is anything wrong": one row per signal an operator should watch, with the
+-- threshold it is judged by. Thresholds are starting points; the README says
+-- what each number should look like.
+CREATE VIEW sturdy.health WITH (security_invoker = true) AS
+SELECT 'oldest ready job'::text AS signal,
+       pg_catalog.to_char(COALESCE(pg_catalog.max(now() - q.visible_at), interval '0'), 'HH24:MI:SS') AS value,
+       COALESCE(pg_catalog.max(now() - q.visible_at), interval '0') < interval '5 minutes' AS ok,
+       'How long the oldest ready queue row has waited for a worker: growing means too few workers (or none).'::text AS meaning
+  FROM sturdy.queue q WHERE q.visible_at <= now()
+UNION ALL
+SELECT 'lapsed leases', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
+       'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; they are taken again.'
+  FROM sturdy.queue q WHERE q.taken_at IS NOT NULL AND q.visible_at <= now()
+UNION ALL
+SELECT 'oldest pending delivery',
+       pg_catalog.to_char(COALESCE(pg_catalog.max(now() - o.created_at), interval '0'), 'HH24:MI:SS'),
+       COALESCE(pg_catalog.max(now() - o.created_at), interval '0') < interval '5 minutes',
+       'How long ago the oldest undelivered event was emitted: growing means no pump runs, or a subscriber keeps failing.'
+  FROM sturdy.deliveries d JOIN sturdy.outbox o ON o.id = d.outbox_id WHERE d.state = 'pending'
+UNION ALL
+SELECT 'dead deliveries', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
+       'Deliveries that failed max_attempts times: read last_error in sturdy.deliveries, fix, then sturdy.redrive.'
+  FROM sturdy.deliveries d WHERE d.state = 'dead'
+UNION ALL
+SELECT 'stuck instances', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
+       'Pending or running instances without progress for an hour: sturdy.stuck(''1 hour'') lists them.'
+  FROM sturdy.instances i
+ WHERE i.status IN ('pending', 'running') AND i.updated_at < now() - interval '1 hour'
+   AND NOT EXISTS (SELECT FROM sturdy.checkpoints c
+                    WHERE c.workflow = i.workflow AND c.recorded_at >= now() - interval '1 hour')
+UNION ALL
+SELECT 'dead tuples ' || s.relname,
+       pg_catalog.round(100.0 * s.n_dead_tup / GREATEST(s.n_live_tup + s.n_dead_tup, 1), 1)::text || '%',
+       s.n_dead_tup <= 0.2 * GREATEST(s.n_live_tup + s.n_dead_tup, 1000),
+       'Dead row versions not yet vacuumed (an estimate from the statistics): high and growing means autovacuum is behind or a long transaction holds the xmin horizon.'
+  FROM pg_catalog.pg_stat_user_tables s
+ WHERE s.schemaname = 'sturdy' AND s.relname IN ('queue', 'claims', 'deliveries', 'instances', 'checkpoints');
+COMMENT ON VIEW sturdy.health IS
+    'Is anything wrong: the oldest ready job, lapsed leases, the oldest pending delivery, dead deliveries, stuck instances and dead tuples in the busy tables, each with ok by a documented threshold.';
+
+-- src/workflow.rs:436
+CREATE FUNCTION sturdy.status(business_key text) RETURNS TABLE (id bigint, process text, workflow text, status text, revision bigint, step text, last_error text, updated_at timestamptz) STABLE PARALLEL UNSAFE ROWS 1
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_status_of';
+COMMENT ON FUNCTION sturdy.status(business_key text) IS
+    'The newest instance for business_key: its workflow name, status and revision, its current step (its newest checkpoint), last error, and last progress (status change or checkpoint). No row when there is none.';
+
+-- src/workflow.rs:381
+CREATE FUNCTION sturdy.start(process text, business_key text, variables jsonb DEFAULT '{}', idempotency_key text DEFAULT NULL, queue text DEFAULT NULL) RETURNS bigint VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_start';
+COMMENT ON FUNCTION sturdy.start(process text, business_key text, variables jsonb, idempotency_key text, queue text) IS
+    'Start a pending instance of process for business_key and schedule its workflow (process/id) on queue (default: the process name), in this transaction. With an idempotency_key (per process), a start while the key lives (sturdy.idempotency_ttl) returns the first instance''s id instead, also when two race.';
+
+-- src/lib.rs:65
+-- finalize
+-- Privileges. Nothing is open to PUBLIC: an application role is let in with
+-- sturdy.grant_usage(role), usually through a group role sturdy_user.
+
+CREATE OR REPLACE FUNCTION sturdy.grant_usage(role name)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL OR role = '' THEN
+        RAISE EXCEPTION 'role must not be NULL or empty'
+            USING ERRCODE = '22023', HINT = 'Pass the name of an existing role, e.g. ''sturdy_user''.';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = role) THEN
+        RAISE EXCEPTION 'role % does not exist', pg_catalog.quote_ident(role)
+            USING ERRCODE = '42704', HINT = 'CREATE ROLE it first.';
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA sturdy TO %I', role);
+    EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA sturdy TO %I', role);
+    EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA sturdy TO %I', role);
+    EXECUTE pg_catalog.format('GRANT EXECUTE ON ALL ROUTINES IN SCHEMA sturdy TO %I', role);
+    EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION sturdy.grant_usage(name) FROM %I', role);
+END
+$$;
+COMMENT ON FUNCTION sturdy.grant_usage(name) IS
+    'Grant a role what an application needs to call every pg_sturdy function (schema usage, the tables, execute). Run as the extension owner; call again after ALTER EXTENSION UPDATE.';
+
+REVOKE ALL ON ALL ROUTINES IN SCHEMA sturdy FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA sturdy FROM PUBLIC;
+REVOKE ALL ON SCHEMA sturdy FROM PUBLIC;
+
