@@ -48,13 +48,15 @@ python3 pg_test/dump_restore.py "$bindir" "host=$dir/cluster port=$port user=pos
     | tee "$out/dump_restore.log" || status=1
 # ALTER EXTENSION UPDATE from every released version: rows kept, the catalog a fresh install's.
 python3 pg_test/upgrade.py "host=$dir/cluster port=$port user=postgres" | tee "$out/upgrade.log" || status=1
+# A primary and a synchronous standby of their own: failover under load.
+python3 pg_test/failover.py "$bindir" "$dir/failover" "${FAILOVER_PORT:-55450}" | tee "$out/failover.log" || status=1
 # Last, as it kills the cluster: kill -9 mid-load, of a backend and of the
 # postmaster; nothing acknowledged lost, nothing half-done, the load drains.
 python3 pg_test/crash.py "$bindir" "$dir/cluster/data" "host=$dir/cluster port=$port user=postgres" \
     | tee "$out/crash.log" || status=1
-total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "$out"/concurrency.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/crash.log | grep -cE '^(ok|FAIL) ') ))
+total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "$out"/concurrency.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log | grep -cE '^(ok|FAIL) ') ))
 failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
-failed=$(( failed + $(cat "$out"/concurrency.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/crash.log | grep -c '^FAIL ' || true) ))
+failed=$(( failed + $(cat "$out"/concurrency.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log | grep -c '^FAIL ' || true) ))
 
 if [ "$status" != 0 ]; then
     for d in "$out"/*/regression.diffs; do [ -s "$d" ] && { echo "== $d"; head -200 "$d"; }; done

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Failover: a primary and a synchronous standby on loopback (streaming
+replication, synchronous_commit = on), both started here as the postgres OS
+user. Under a load of workers (take with a claim, record, finish), the
+primary is stopped with -m immediate and the standby promoted; the workers
+reconnect to it. Every finish a commit acknowledged is on the new primary,
+nothing is half-done, fencing tokens go on from where they were (a claim on
+the new primary beats every token issued on the old one), and the queue
+drains with no row handed to two takers.
+
+  pg_test/failover.py BINDIR DIR PORT   (run by scripts/suites.sh)
+"""
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+
+BINDIR, DIR, PORT = sys.argv[1], sys.argv[2], int(sys.argv[3])
+PRIMARY, STANDBY = os.path.join(DIR, "primary"), os.path.join(DIR, "standby")
+JOBS, LEASE = 4000, 2
+
+
+def as_pg(*cmd, check=True):
+    if os.getuid() == 0:
+        cmd = ("runuser", "-u", "postgres", "--", *cmd)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {out.stderr or out.stdout}")
+    return out
+
+
+def pg(name):
+    return os.path.join(BINDIR, name)
+
+
+def dsn(node, port):
+    return f"host={node} port={port} user=postgres dbname=postgres connect_timeout=5"
+
+
+def conf(node, *lines):
+    with open(os.path.join(node, "data", "postgresql.auto.conf"), "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def start(node):
+    as_pg(pg("pg_ctl"), "-D", os.path.join(node, "data"), "-l", os.path.join(node, "server.log"), "-w", "-t", "60",
+          "start")
+
+
+def setup():
+    shutil.rmtree(DIR, ignore_errors=True)
+    for node in (PRIMARY, STANDBY):
+        os.makedirs(node)
+    if os.getuid() == 0:
+        subprocess.run(["chown", "-R", "postgres:", DIR], check=True)
+    as_pg(pg("initdb"), "-D", os.path.join(PRIMARY, "data"), "-U", "postgres", "-A", "trust", "--no-sync")
+    conf(PRIMARY, f"port = {PORT}", "listen_addresses = ''", f"unix_socket_directories = '{PRIMARY}'",
+         "wal_level = replica", "max_wal_senders = 4", "synchronous_standby_names = 'standby1'",
+         "synchronous_commit = on")
+    start(PRIMARY)
+    as_pg(pg("pg_basebackup"), "-D", os.path.join(STANDBY, "data"), "-h", PRIMARY, "-p", str(PORT), "-U", "postgres",
+          "-X", "stream", "--no-sync")
+    open_standby = os.path.join(STANDBY, "data", "standby.signal")
+    as_pg("touch", open_standby)
+    conf(STANDBY, f"port = {PORT + 1}", f"unix_socket_directories = '{STANDBY}'",
+         f"primary_conninfo = 'host={PRIMARY} port={PORT} user=postgres application_name=standby1'",
+         "synchronous_standby_names = ''")
+    start(STANDBY)
+    with psycopg.connect(dsn(PRIMARY, PORT), autocommit=True) as c:
+        c.execute("CREATE EXTENSION pg_sturdy")
+        c.execute(f"SELECT sturdy.schedule('job-' || i, now() - interval '1 s', 'fo') FROM generate_series(1, {JOBS}) i")
+        for _ in range(60):
+            state = c.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+            if state and state[0] == "sync":
+                return
+            time.sleep(0.5)
+    raise RuntimeError("the standby never became synchronous")
+
+
+class Load:
+    def __init__(self, node, port):
+        self.node, self.port = node, port
+        self.finished, self.tokens, self.taken = set(), {}, []
+        self.lock, self.stop = threading.Lock(), threading.Event()
+
+    def worker(self):
+        try:
+            with psycopg.connect(dsn(self.node, self.port), autocommit=True) as c:
+                while not self.stop.is_set():
+                    row = c.execute(f"SELECT workflow, receipt, token FROM sturdy.take('fo', '{LEASE} s', 1, true)"
+                                    ).fetchone()
+                    if row is None:
+                        return
+                    workflow, receipt, token = row
+                    with self.lock:
+                        self.taken.append(workflow)
+                        if token is not None:
+                            self.tokens[workflow] = max(token, self.tokens.get(workflow, 0))
+                    if token is None:
+                        continue
+                    c.execute("SELECT * FROM sturdy.record(%s, 'work', '1', %s)", (workflow, token))
+                    c.execute("SELECT sturdy.finish(%s, %s, %s, 'final', '\"done\"', queue => 'fo')",
+                              (workflow, token, receipt))
+                    with self.lock:
+                        self.finished.add(workflow)
+        except psycopg.Error:
+            return
+
+    def run(self, n=3):
+        self.threads = [threading.Thread(target=self.worker) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def join(self):
+        for t in self.threads:
+            t.join()
+
+
+def main():
+    results = []
+
+    def check(name, problems):
+        results.append(not problems)
+        print(("ok   " if not problems else "FAIL ") + name + ("" if not problems else f": {problems}"), flush=True)
+
+    try:
+        setup()
+        load = Load(PRIMARY, PORT)
+        load.run()
+        time.sleep(1.0)
+        as_pg(pg("pg_ctl"), "-D", os.path.join(PRIMARY, "data"), "-m", "immediate", "stop")
+        load.stop.set()
+        load.join()
+        as_pg(pg("pg_ctl"), "-D", os.path.join(STANDBY, "data"), "-w", "promote")
+        new = (STANDBY, PORT + 1)
+        with psycopg.connect(dsn(*new), autocommit=True) as c:
+            final = {w for (w,) in c.execute("SELECT workflow FROM sturdy.checkpoints WHERE step = 'final'")}
+            queued = {w for (w,) in c.execute("SELECT workflow FROM sturdy.queue WHERE queue = 'fo'")}
+        lost = load.finished - final
+        check(f"failover under load: {len(load.finished)} acknowledged finishes on the new primary",
+              [f"{len(lost)} lost, e.g. {sorted(lost)[:3]}"] if lost else [])
+        check("nothing half-done on the new primary",
+              [f"{len(final & queued)} finished but still queued"] if final & queued else [])
+        # the workflows held at the failover: once their leases lapse, a claim
+        # on the new primary beats every token the old one issued
+        time.sleep(LEASE + 0.5)
+        held = {w: t for w, t in load.tokens.items() if w not in final}
+        behind = []
+        with psycopg.connect(dsn(*new), autocommit=True) as c:
+            for workflow, token in list(held.items())[:20]:
+                got = c.execute("SELECT sturdy.claim(%s, '1 s')", (workflow,)).fetchone()[0]
+                if got is None or got <= token:
+                    behind.append((workflow, token, got))
+        check(f"tokens stay monotonic across the failover ({len(held)} workflows held at it)",
+              [f"claimed {g} after {t} for {w}" for w, t, g in behind])
+        time.sleep(1.5)
+        drain = Load(*new)
+        drain.run()
+        drain.join()
+        with psycopg.connect(dsn(*new), autocommit=True) as c:
+            left, done = c.execute("SELECT (SELECT count(*) FROM sturdy.queue WHERE queue = 'fo'),"
+                                   " (SELECT count(DISTINCT workflow) FROM sturdy.checkpoints WHERE step = 'final')"
+                                   ).fetchone()
+        twice = len(drain.taken) - len(set(drain.taken))
+        check("the load resumes on the new primary and drains, no row handed out twice at once",
+              [] if (left, done) == (0, JOBS) and twice == 0
+              else [f"{left} left, {done} of {JOBS} finished, {twice} taken twice"])
+    except Exception as e:  # set-up trouble is a failure too
+        check("failover run", [repr(e)])
+    finally:
+        for node in (PRIMARY, STANDBY):
+            as_pg(pg("pg_ctl"), "-D", os.path.join(node, "data"), "-m", "immediate", "stop", check=False)
+    print(f"failover: {sum(results)} passed, {len(results) - sum(results)} failed")
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
