@@ -48,6 +48,7 @@
 //! `$1..$n`, typed from context, never written into the SQL.
 
 use pg_sturdy_macros::sql_function;
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::{IntoDatum, pg_sys};
 
@@ -158,6 +159,30 @@ fn spec(
 }
 
 impl Spec {
+    /// A `sturdy.batches` row's definition, as [`ANON_STATE`] (the first
+    /// eight) and [`REGISTER`] (all nine) take it: name, target, fragments,
+    /// args, chunk, key, order_by, target_seconds.
+    fn columns(
+        &self,
+        name: DatumWithOid<'static>,
+        chunk: i32,
+        target_seconds: Option<f64>,
+    ) -> [DatumWithOid<'static>; 9] {
+        [
+            name,
+            self.target.into(),
+            self.set_clause.clone().into(),
+            self.pending.clone().into(),
+            self.args.clone().into(),
+            chunk.into(),
+            self.key.clone().into(),
+            self.order_by
+                .clone()
+                .map_or_else(plan::null::<String>, Into::into),
+            target_seconds.map_or_else(plan::null::<f64>, Into::into),
+        ]
+    }
+
     /// Keyset mode: the chunks advance on the key.
     fn keyset(&self) -> bool {
         self.order_by.is_none()
@@ -524,26 +549,15 @@ fn batch(
     let spec = spec(target, set_clause, pending, args, key, order_by)?;
     let chunk = args::positive("chunk", chunk)?;
     let name = spec.anonymous_name();
-    let arg_values = spec.args.clone();
-    let state_args = [
-        name.as_str().into(),
-        spec.target.into(),
-        spec.set_clause.as_str().into(),
-        spec.pending.as_str().into(),
-        arg_values.into(),
-        chunk.into(),
-        spec.key.as_str().into(),
-        spec.order_by
-            .as_deref()
-            .map_or_else(plan::null::<String>, Into::into),
-    ];
+    let state_args = spec.columns(name.clone().into(), chunk, None);
+    let state_args = &state_args[..8];
     // The progress row, locked. A call that waited for a concurrent call of
     // the same batch finds the row that call inserted (on a second look, with
     // a fresh snapshot), or none if that call completed the batch and deleted
     // it: then it starts afresh.
     let mut found = None;
     for _ in 0..3 {
-        found = plan::run_generic(&ANON_STATE, &state_args, |rows| read_state(&rows))?;
+        found = plan::run_generic(&ANON_STATE, state_args, |rows| read_state(&rows))?;
         if found.is_none() {
             found = plan::run_generic(&ANON_STATE_AGAIN, &[name.as_str().into()], |rows| {
                 read_state(&rows)
@@ -606,19 +620,7 @@ fn batch_start(
     })?;
     let inserted = run_one(
         &REGISTER,
-        &[
-            name.into(),
-            spec.target.into(),
-            spec.set_clause.as_str().into(),
-            spec.pending.as_str().into(),
-            spec.args.clone().into(),
-            chunk.into(),
-            spec.key.as_str().into(),
-            spec.order_by
-                .as_deref()
-                .map_or_else(plan::null::<String>, Into::into),
-            target_seconds.map_or_else(plan::null::<f64>, Into::into),
-        ],
+        &spec.columns(name.into(), chunk, target_seconds),
         first_value::<bool>,
     )?;
     if inserted.is_none() {

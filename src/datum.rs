@@ -65,6 +65,22 @@ impl IntoDatum for Text {
     }
 }
 
+/// A detoasted copy of varlena `datum` in `memory_context` (the caller's, as
+/// SPI hands it to a reader), so the value outlives the SPI connection.
+///
+/// # Safety
+/// `datum` points at a varlena.
+unsafe fn copy_varlena(
+    mut memory_context: PgMemoryContexts,
+    datum: pg_sys::Datum,
+) -> pg_sys::Datum {
+    // SAFETY: per the contract; the copy is palloc'd in `memory_context`.
+    unsafe {
+        memory_context
+            .switch_to(|_| pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(datum.cast_mut_ptr())))
+    }
+}
+
 /// A `jsonb` value as Postgres holds it. Read from SPI it is copied (and
 /// detoasted) into the caller's memory context, so it outlives the connection.
 #[derive(Clone, Copy, Debug)]
@@ -80,23 +96,13 @@ impl FromDatum for Jsonb {
     }
 
     unsafe fn from_datum_in_memory_context(
-        mut memory_context: PgMemoryContexts,
+        memory_context: PgMemoryContexts,
         datum: pg_sys::Datum,
         is_null: bool,
         _: pg_sys::Oid,
     ) -> Option<Self> {
-        if is_null {
-            return None;
-        }
-        // SAFETY: a non-null jsonb datum points at a varlena; the copy lives
-        // in `memory_context`, which SPI makes the caller's.
-        unsafe {
-            memory_context.switch_to(|_| {
-                Some(Jsonb(pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(
-                    datum.cast_mut_ptr(),
-                ))))
-            })
-        }
+        // SAFETY: a non-null jsonb datum points at a varlena.
+        (!is_null).then(|| Jsonb(unsafe { copy_varlena(memory_context, datum) }))
     }
 }
 
@@ -152,23 +158,14 @@ impl FromDatum for Record {
     }
 
     unsafe fn from_datum_in_memory_context(
-        mut memory_context: PgMemoryContexts,
+        memory_context: PgMemoryContexts,
         datum: pg_sys::Datum,
         is_null: bool,
         _: pg_sys::Oid,
     ) -> Option<Self> {
-        if is_null {
-            return None;
-        }
         // SAFETY: a non-null composite datum is a varlena (a HeapTupleHeader
-        // with its length set); the copy lives in `memory_context`.
-        unsafe {
-            memory_context.switch_to(|_| {
-                Some(Record(pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(
-                    datum.cast_mut_ptr(),
-                ))))
-            })
-        }
+        // with its length set).
+        (!is_null).then(|| Record(unsafe { copy_varlena(memory_context, datum) }))
     }
 }
 

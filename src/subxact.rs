@@ -76,13 +76,18 @@ pub enum Unfit {
 /// `app.on_order(sturdy.outbox, integer)`, whatever the `search_path`.
 pub fn qualified_name(oid: pg_sys::Oid) -> Option<String> {
     pgrx::pg_catalog::pg_proc::PgProc::new(oid)?;
-    // SAFETY: `oid` names an existing function (PgProc found it); the result
-    // is a palloc'd C string.
-    Some(unsafe {
+    Some(format_qualified(oid))
+}
+
+/// The qualified name of function `oid`, which must exist.
+fn format_qualified(oid: pg_sys::Oid) -> String {
+    // SAFETY: the caller found `oid` in pg_proc; the result is a palloc'd C
+    // string.
+    unsafe {
         std::ffi::CStr::from_ptr(pg_sys::format_procedure_qualified(oid))
             .to_string_lossy()
             .into_owned()
-    })
+    }
 }
 
 /// Look up function `oid` for a call by the current user as a plain function
@@ -96,9 +101,10 @@ pub fn callable(
     returns: Option<pg_sys::Oid>,
 ) -> std::result::Result<Callable, Unfit> {
     use pgrx::pg_catalog::pg_proc::{PgProc, ProArgMode, ProKind};
-    let (Some(proc), Some(name)) = (PgProc::new(oid), qualified_name(oid)) else {
+    let Some(proc) = PgProc::new(oid) else {
         return Err(Unfit::Missing);
     };
+    let name = format_qualified(oid);
     let fits = matches!(proc.prokind(), ProKind::Function)
         && proc.proargtypes() == args
         && proc.proargmodes().iter().all(|m| *m == ProArgMode::In)
