@@ -1048,6 +1048,26 @@ mod tests {
             sqlstate_of("SELECT sturdy.batch_start('', 'public.receipts', 'status = 1', 'true')"),
             "22023"
         );
+        assert_eq!(sqlstate_of("SELECT * FROM sturdy.batch_tick('')"), "22023");
+        assert_eq!(
+            sqlstate_of("SELECT * FROM sturdy.batch_tick(NULL)"),
+            "22004"
+        );
+        // batch_all refuses what batch refuses, before its first chunk
+        assert_eq!(
+            sqlstate_of(
+                "CALL sturdy.batch_all('public.receipts', 'status = 1', 'true', chunk => 0)"
+            ),
+            "22023"
+        );
+        assert_eq!(
+            sqlstate_of(
+                "CALL sturdy.batch_all('public.receipts', 'status = 1; DROP TABLE x', 'true')"
+            ),
+            "22023"
+        );
+        assert_eq!(count("public.receipts WHERE status = 'planned'"), 10);
+        assert_eq!(count("sturdy.batches"), 0);
         assert_eq!(
             sqlstate_of(
                 "SELECT sturdy.batch_start('j', 'public.receipts', 'status = 1', 'true', target_seconds => 0)"
