@@ -85,6 +85,74 @@ def test_takers_never_share_a_row_while_leases_are_live():
     assert len(seen) == 2000 and len(set(seen)) == 2000, f"{len(seen)} taken, {len(set(seen))} distinct"
 
 
+def busy_taker(queue, wanted, seconds, clear=True):
+    """A worker that never finds its queue short: each round schedules one new
+    row for now and takes the oldest one (done at once), so its take scans
+    from its floor. Returns {workflow: monotonic time taken} for the rows in
+    `wanted`, running until it took them all or `seconds` passed."""
+    got = {}
+    with connect() as c:
+        if clear:
+            c.execute("DELETE FROM sturdy.queue WHERE queue = %s", (queue,))
+        c.execute("SELECT sturdy.schedule('b-' || i, now(), %s) FROM generate_series(1, 20) i", (queue,))
+        ready.set()
+        end, i = time.monotonic() + seconds, 0
+        while time.monotonic() < end and not wanted <= got.keys():
+            i += 1
+            c.execute("SELECT sturdy.schedule(%s, now(), %s)", (f"n-{i}", queue))
+            for workflow, receipt in c.execute("SELECT workflow, receipt FROM sturdy.take(%s)", (queue,)):
+                c.execute("SELECT sturdy.done(%s, %s, %s)", (workflow, receipt, queue))
+                if workflow in wanted:
+                    got[workflow] = time.monotonic()
+    return got
+
+
+ready = threading.Event()
+
+
+def test_a_late_commit_below_the_floor_is_taken_within_seconds():
+    """take scans from a floor just below the oldest row it took last. A
+    schedule whose transaction commits a second after its now() lands below
+    the floor of a worker that kept finding newer rows meanwhile: that worker
+    must still take it, by its periodic scan from the start."""
+    ready.clear()
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(busy_taker("late", {"late-row"}, 10)))
+    worker.start()
+    ready.wait(5)
+    with connect(autocommit=False) as a:
+        a.execute("SELECT sturdy.schedule('late-row', now(), 'late')")
+        time.sleep(1.0)
+        a.commit()
+        committed = time.monotonic()
+    worker.join()
+    assert "late-row" in result, "a row committed below the floor was never taken"
+    print(f"     late-row taken {result['late-row'] - committed:.2f} s after its commit")
+
+
+def test_a_row_whose_take_rolled_back_is_taken_again_within_seconds():
+    """A take in a transaction that rolls back puts its row back with its old
+    visible_at, below the floor of a worker busy with newer rows: that worker
+    takes it again by its periodic scan from the start."""
+    ready.clear()
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'undone'")
+        c.execute("SELECT sturdy.schedule('first', now() - interval '1 minute', 'undone')")
+    with connect(autocommit=False) as a:
+        (taken,) = a.execute("SELECT workflow FROM sturdy.take('undone')").fetchone()
+        assert taken == "first"
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(busy_taker("undone", {"first"}, 10, clear=False)))
+        worker.start()
+        ready.wait(5)
+        time.sleep(0.5)
+        a.rollback()
+        rolled_back = time.monotonic()
+    worker.join()
+    assert "first" in result, "a row whose take rolled back was never taken again"
+    print(f"     first taken again {result['first'] - rolled_back:.2f} s after the rollback")
+
+
 def wait_notifies(conn, seconds):
     """Notifications that reach `conn` within `seconds`."""
     got = []

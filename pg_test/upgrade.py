@@ -21,6 +21,8 @@ SELECT sturdy.record('up-' || i, 'step', to_jsonb(i), 1) FROM generate_series(1,
 SELECT sturdy.supply('up-1', 'approval', '"yes"');
 SELECT sturdy.schedule('up-' || i, now() + interval '1 hour', 'up-q') FROM generate_series(1, 5) i;
 SELECT sturdy.release('up-2', 1);
+SELECT sturdy.schedule('up-ready', now() - interval '1 minute', 'up-q2');
+SELECT count(*) FROM sturdy.take('up-q2');
 """
 
 # The catalog as a user and pg_dump see it: each query's rows, as text.
@@ -114,6 +116,34 @@ def main():
             if c.execute("SELECT count(*) FROM sturdy.health").fetchone()[0] < 5:
                 problems.append("health")
             check(f"{version}: old and new functions work after the update", problems)
+        # A role given pg_sturdy under the old version keeps its queue
+        # functions after the update (take and schedule read and bump a
+        # sequence 0.1.0 did not have). Its own database: its grants would
+        # differ from a fresh install's catalog.
+        db = "sturdy_grants_from_" + version.replace(".", "_")
+        with psycopg.connect(f"{CONN} dbname=postgres", autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {db}")
+            c.execute("DROP ROLE IF EXISTS sturdy_up_worker")
+            c.execute(f"CREATE DATABASE {db}")
+            c.execute("CREATE ROLE sturdy_up_worker")
+        problems = []
+        with psycopg.connect(f"{CONN} dbname={db}", autocommit=True) as c:
+            c.execute(f"CREATE EXTENSION pg_sturdy VERSION '{version}'")
+            c.execute("SELECT sturdy.grant_usage('sturdy_up_worker')")
+            c.execute("ALTER EXTENSION pg_sturdy UPDATE")
+            c.execute("SET ROLE sturdy_up_worker")
+            try:
+                c.execute("SELECT sturdy.schedule('g-1', now()), sturdy.schedule('g-0', now() - interval '1 minute')")
+                got = [r[0] for r in c.execute("SELECT workflow FROM sturdy.take(max => 5)")]
+                if got != ["g-0", "g-1"]:
+                    problems.append(f"took {got}")
+            except psycopg.Error as e:
+                problems.append(str(e).strip())
+            c.execute("RESET ROLE")
+        with psycopg.connect(f"{CONN} dbname=postgres", autocommit=True) as c:
+            c.execute(f"DROP DATABASE {db}")
+            c.execute("DROP ROLE sturdy_up_worker")
+        check(f"{version}: a role granted before the update still schedules and takes", problems)
     print(f"upgrade: {sum(results)} passed, {len(results) - sum(results)} failed")
     sys.exit(0 if all(results) else 1)
 

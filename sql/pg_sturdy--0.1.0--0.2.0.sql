@@ -1,9 +1,32 @@
 -- pg_sturdy 0.1.0 -> 0.2.0: the transactional outbox, workflow instances,
--- batch chunks and the health view. Every object 0.2.0 adds, in install order
--- (drafted by scripts/release_diff.py from the two versions' install scripts,
--- then read by hand); grant_usage is replaced (it grants on ALL ROUTINES:
--- batch_all is a procedure), and the revokes run again over the new objects.
+-- batch chunks, the health view and take's generation. Every object 0.2.0
+-- adds, in install order (drafted by scripts/release_diff.py from the two
+-- versions' install scripts, then read by hand); grant_usage is replaced
+-- (it grants on ALL ROUTINES: batch_all is a procedure), and the revokes
+-- run again over the new objects.
 \echo Use "ALTER EXTENSION pg_sturdy UPDATE TO '0.2.0'" to load this file. \quit
+
+-- take's floor: the generation a past-dated schedule or wake_at bumps (see
+-- sql/queue.sql).
+CREATE SEQUENCE sturdy.queue_generation;
+COMMENT ON SEQUENCE sturdy.queue_generation IS
+    'Bumped by a schedule or wake_at that makes a row ready before now(): takes that see it change scan their queue from the start again.';
+SELECT pg_catalog.nextval('sturdy.queue_generation');
+-- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
+-- which now read and bump it: they get it as grant_usage gives it.
+DO $$
+DECLARE
+    role name;
+BEGIN
+    FOR role IN
+        SELECT r.rolname
+          FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a, pg_catalog.pg_roles r
+         WHERE n.nspname = 'sturdy' AND a.privilege_type = 'USAGE' AND a.grantee = r.oid
+           AND a.grantee <> n.nspowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation TO %I', role);
+    END LOOP;
+END $$;
 
 -- src/workflow.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE

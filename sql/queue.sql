@@ -15,6 +15,19 @@ CREATE TABLE sturdy.queue (
 CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 
+-- take's floor (src/queue.rs): each backend remembers, per queue, how far its
+-- takes have got, and scans from there instead of from the oldest entry of
+-- queue_visible, so index entries of rows long taken and deleted, which a
+-- pinned xmin keeps from vacuum, are not walked by every take. A write that
+-- makes a row ready in the past (schedule or wake_at before now()) bumps
+-- this generation, and a take that sees it changed scans from the start.
+-- A sequence because it is not transactional and leaves no dead tuples.
+CREATE SEQUENCE sturdy.queue_generation;
+COMMENT ON SEQUENCE sturdy.queue_generation IS
+    'Bumped by a schedule or wake_at that makes a row ready before now(): takes that see it change scan their queue from the start again.';
+-- called once, so its value is never NULL (pg_sequence_last_value)
+SELECT pg_catalog.nextval('sturdy.queue_generation');
+
 COMMENT ON TABLE sturdy.queue IS
     'Workflows waiting for a pass: one row per (queue, workflow), visible from visible_at.';
 COMMENT ON COLUMN sturdy.queue.queue IS 'The queue name; a workflow may wait in several queues, once in each.';

@@ -22,6 +22,11 @@ impl Name {
     pub fn lossy(&self) -> String {
         self.0.lossy()
     }
+
+    /// The name's bytes, in the server encoding.
+    pub fn bytes(&self) -> &[u8] {
+        self.0.bytes()
+    }
 }
 
 impl IntoDatum for Name {

@@ -158,12 +158,28 @@ pub fn run_as_set(
     stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
 ) -> Result<usize> {
+    run_as_set_then(call, stmt, args, |_| ()).map(|(rows, ())| rows)
+}
+
+/// [`run_as_set`], then `then` reads the same rows (columns past the declared
+/// result's included) before the connection closes. Called again in the same
+/// call, it appends to the result.
+pub fn run_as_set_then<R>(
+    call: &Args,
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+    then: impl FnOnce(Rows) -> R,
+) -> Result<(usize, R)> {
+    let fill = |()| {
+        let rows = fill_result(call)?;
+        Ok((rows, then(last_rows())))
+    };
     if !stmt.generic {
-        return run_one(stmt, args, |_| fill_result(call));
+        return run_one(stmt, args, |_| fill(()));
     }
     Spi::connect(|_| {
         execute_generic(stmt, args)?;
-        fill_result(call)
+        fill(())
     })
 }
 
@@ -266,18 +282,23 @@ pub fn run_generic<R>(
 }
 
 /// Copy the rows of the statement just run (SPI_tuptable) into the result of
-/// the set-returning function `call`.
+/// the set-returning function `call` (after the rows already there, when
+/// called twice). The statement's leading columns are the declared result's;
+/// columns after them are the caller's to read, not returned.
 fn fill_result(call: &Args) -> Result<usize> {
     let fcinfo = call.fcinfo();
     // SAFETY: `fcinfo` is the live call (`Args` exists only inside one) of a
     // set-returning function (InitMaterializedSRF checks that the caller
-    // accepts a tuplestore and raises if not). SPI_tuptable is the result of
+    // accepts a tuplestore and raises if not; it runs once per call). SPI_tuptable is the result of
     // the statement just run in the SPI connection still open around us; each
     // of its SPI_processed tuples is deformed with its own descriptor and
-    // copied into the tuplestore, which lives in the caller's per-query memory.
+    // its leading values copied into the tuplestore, which lives in the
+    // caller's per-query memory.
     unsafe {
-        pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
         let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        if rsinfo.is_null() || (*rsinfo).setResult.is_null() {
+            pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+        }
         let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
         let table = pg_sys::SPI_tuptable;
         if table.is_null() {
@@ -289,7 +310,7 @@ fn fill_result(call: &Args) -> Result<usize> {
         let rows = pg_sys::SPI_processed as usize;
         let from = (*table).tupdesc;
         let natts = (*desc).natts;
-        let same_shape = (*from).natts == natts
+        let same_shape = (*from).natts >= natts
             && (1..=natts)
                 .all(|i| pg_sys::SPI_gettypeid(from, i) == pg_sys::SPI_gettypeid(desc, i));
         if !same_shape {
@@ -298,8 +319,9 @@ fn fill_result(call: &Args) -> Result<usize> {
                 cause: "the statement's columns do not match the declared result".into(),
             });
         }
-        let mut values = vec![pg_sys::Datum::from(0); natts as usize];
-        let mut nulls = vec![false; natts as usize];
+        // deformed whole, stored by its leading `natts` values
+        let mut values = vec![pg_sys::Datum::from(0); (*from).natts as usize];
+        let mut nulls = vec![false; (*from).natts as usize];
         for i in 0..rows {
             let tuple = *(*table).vals.add(i);
             pg_sys::heap_deform_tuple(tuple, from, values.as_mut_ptr(), nulls.as_mut_ptr());

@@ -30,6 +30,10 @@
 //! interval bounds that delay (as it bounds a deadline passing, which wakes
 //! nobody).
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
 use pg_sturdy_macros::sql_function;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -41,8 +45,9 @@ use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
 
-/// Upsert the row to `visible_at`, forgetting any lease on it. Answers
-/// whether a worker waits for it: the row is ready now and the queue is
+/// Upsert the row to `visible_at`, forgetting any lease on it; a
+/// `visible_at` before `now()` bumps take's generation (see [`Floor`]).
+/// Answers whether a worker waits for it: the row is ready now and the queue is
 /// marked. The probe is read-only and runs only for a ready row (an InitPlan
 /// evaluated on first use): a busy queue pays an index probe of an empty
 /// table, not a DELETE (measured: the DELETE in this statement cost 57% over
@@ -54,7 +59,9 @@ static SCHEDULE: Statement = Statement {
               ON CONFLICT (queue, workflow) DO UPDATE
                  SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at
               RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
-          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $3)
+          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $3),
+                 CASE WHEN $2 OPERATOR(pg_catalog.<) pg_catalog.now()
+                      THEN pg_catalog.nextval(pg_catalog.to_regclass('sturdy.queue_generation')) END
             FROM scheduled",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
@@ -72,106 +79,135 @@ static SCHEDULE: Statement = Statement {
 // last ANALYZE made the plan scan the queue once per row (measured: 680 ms
 // instead of 1.8 ms to take 100 of 50,000).
 //
-// Two shapes. For `max => 1`, a worker's usual call, the row is picked by an
-// uncorrelated scalar subquery (an InitPlan: evaluated once, like the
-// materialized CTE) and updated through its `ctid`: the smallest plan, and a
-// generic one. For batches, `LIMIT $3` makes the planner cost the generic plan
-// for a tenth of the table, so the plan cache would re-plan every call
-// (~0.15 ms); these two always run their generic plan (`generic: true`), the
-// same index scan on (queue, visible_at) a custom plan picks.
+// The scan starts at a floor, `$4` (see [`Floor`]): `-infinity` for a scan
+// from the start, else this backend's floor for the queue, which holds
+// while the generation is still `$5` (NULL: whatever it is). Each statement
+// returns, after the declared columns, the rows' `visible_at` before the
+// take and the generation it read. The generation is found by name with
+// `to_regclass`, NULL where it does not exist: this library also serves
+// schemas of released versions until `ALTER EXTENSION pg_sturdy UPDATE`,
+// and there every take scans from the start, as those versions did.
+//
+// For batches, `LIMIT $3` makes the planner cost the generic plan for a
+// tenth of the table, so the plan cache would re-plan every call (~0.15 ms);
+// those two always run their generic plan (`generic: true`), the same index
+// scan on (queue, visible_at) a custom plan picks.
 
-const TAKE_ARGS: &[pg_sys::Oid] = &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT8OID];
+const TAKE_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::INTERVALOID,
+    pg_sys::INT8OID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::INT8OID,
+];
 
-static TAKE_ONE: Statement = Statement {
-    sql: "WITH taken AS (
+/// The generation, and the candidate rows from the floor on: the head of every
+/// take statement, followed by its `LIMIT`.
+macro_rules! take_due {
+    () => {
+        "WITH generation AS (
+              SELECT pg_catalog.pg_sequence_last_value(pg_catalog.to_regclass('sturdy.queue_generation')) AS g),
+          due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                 AND visible_at OPERATOR(pg_catalog.>=)
+                     CASE WHEN $5 IS NULL OR (SELECT g FROM generation) OPERATOR(pg_catalog.=) $5 THEN $4
+                          ELSE '-infinity'::pg_catalog.timestamptz END
+               ORDER BY visible_at"
+    };
+}
+
+/// The rows of `due` leased, through their `ctid`s: `$lease_where` picks
+/// them (one row: `= (SELECT ctid FROM due)`, an InitPlan; a batch:
+/// `= ANY (ARRAY(SELECT ctid FROM due))`).
+macro_rules! take_lease {
+    ($lease_where:literal) => {
+        concat!(
+            "      FOR UPDATE SKIP LOCKED),
+          taken AS (
               UPDATE sturdy.queue AS q
                  SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) (
-                     SELECT ctid FROM sturdy.queue
-                      WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-                      ORDER BY visible_at
-                      LIMIT 1
-                        FOR UPDATE SKIP LOCKED)
-              RETURNING q.workflow, q.visible_at)
-          SELECT workflow, visible_at, NULL::bigint FROM taken",
+               WHERE q.ctid OPERATOR(pg_catalog.=) ",
+            $lease_where,
+            "
+              RETURNING q.workflow, q.visible_at)"
+        )
+    };
+}
+
+/// `taken` also claimed, as `claim` does.
+macro_rules! take_claim {
+    () => {
+        ",
+          claimed AS (
+              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+              SELECT workflow, 1, visible_at, NULL, pg_catalog.now() FROM taken
+              ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+              RETURNING held.workflow, held.token)"
+    };
+}
+
+static TAKE_ONE: Statement = Statement {
+    sql: concat!(
+        take_due!(),
+        " LIMIT 1",
+        take_lease!("(SELECT ctid FROM due)"),
+        "
+          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due), (SELECT g FROM generation)
+            FROM taken"
+    ),
     args: TAKE_ARGS,
     writes: true,
     generic: false,
 };
 
 static TAKE_ONE_CLAIM: Statement = Statement {
-    sql: "WITH taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) (
-                     SELECT ctid FROM sturdy.queue
-                      WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-                      ORDER BY visible_at
-                      LIMIT 1
-                        FOR UPDATE SKIP LOCKED)
-              RETURNING q.workflow, q.visible_at),
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, visible_at, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
-              RETURNING held.token)
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed) FROM taken t",
+    sql: concat!(
+        take_due!(),
+        " LIMIT 1",
+        take_lease!("(SELECT ctid FROM due)"),
+        take_claim!(),
+        "
+          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due),
+                 (SELECT g FROM generation)
+            FROM taken t"
+    ),
     args: TAKE_ARGS,
     writes: true,
     generic: false,
 };
 
 static TAKE_MANY: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-               ORDER BY visible_at
-               LIMIT $3
-                 FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.visible_at)
-          SELECT t.workflow, t.visible_at, NULL::bigint
+    sql: concat!(
+        take_due!(),
+        " LIMIT $3",
+        take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
+        "
+          SELECT t.workflow, t.visible_at, NULL::bigint, d.visible_at, (SELECT g FROM generation)
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
-           ORDER BY d.visible_at",
+           ORDER BY d.visible_at"
+    ),
     args: TAKE_ARGS,
     writes: true,
     generic: true,
 };
 
 static TAKE_MANY_CLAIM: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-               ORDER BY visible_at
-               LIMIT $3
-                 FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.visible_at),
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, visible_at, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
-              RETURNING held.workflow, held.token)
-          SELECT t.workflow, t.visible_at, c.token
+    sql: concat!(
+        take_due!(),
+        " LIMIT $3",
+        take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
+        take_claim!(),
+        "
+          SELECT t.workflow, t.visible_at, c.token, d.visible_at, (SELECT g FROM generation)
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
             LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
-           ORDER BY d.visible_at",
+           ORDER BY d.visible_at"
+    ),
     args: TAKE_ARGS,
     writes: true,
     generic: true,
@@ -223,14 +259,17 @@ static DONE: Statement = Statement {
 
 /// Suspend until `at` under the receipt rule; a wakeup that landed meanwhile
 /// wins (it is sooner, and the deadline lives in the checkpoints anyway). An
-/// `at` already due wakes idle workers as a schedule does.
+/// `at` already due wakes idle workers as a schedule does, and one before
+/// `now()` bumps take's generation.
 static WAKE_AT: Statement = Statement {
     sql: "WITH moved AS (
               UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL
                WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.=) $2
               RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
-          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4)
+          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4),
+                 CASE WHEN $3 OPERATOR(pg_catalog.<) pg_catalog.now()
+                      THEN pg_catalog.nextval(pg_catalog.to_regclass('sturdy.queue_generation')) END
             FROM moved",
     args: &[
         pg_sys::TEXTOID,
@@ -277,6 +316,129 @@ fn schedule(
     schedule_at(workflow, visible_at, queue)
 }
 
+/// Where this backend's takes scan a queue from.
+///
+/// `take` scans `queue_visible` in `visible_at` order. Rows taken and done
+/// leave index entries behind at the front of that order, and while any
+/// snapshot older than their deletion lives (a forgotten `BEGIN`, a long
+/// report: a pinned xmin) vacuum cannot remove them, nor can index scans mark
+/// them dead, so a scan from the start walks all of them, heap visits and
+/// all, on every take: measured, a 16-client churn fell to a fifth of its rate
+/// within two minutes (bench/README.md, the soak).
+///
+/// So each backend keeps, per queue, a floor: [`SLACK`] below the oldest row
+/// its last take found, and its next take scans from there. A row can be
+/// ready below the floor only by being written there: a past-dated schedule
+/// or `wake_at` (they bump `sturdy.queue_generation`, and a take that sees it
+/// changed scans from the start), a write committed more than `SLACK` after
+/// its `visible_at` while the queue moved on, or a take of it rolled back.
+/// For those, a take scans from the start when it comes up short, on a
+/// generation change, and at least every `max(1 s, 100 × c)`, where `c` is
+/// the lesser cost of the backend's last two scans from the start. Once `c`
+/// passes [`CHEAP_SCAN`], scans from the start are limited to one per
+/// `100 × c`, so they never take more than about 1% of the backend's time,
+/// however many dead entries a pinned xmin keeps. With a healthy vacuum `c`
+/// is well under that: every short take and every generation change scans
+/// from the start, and FIFO order is exact but for a row whose write
+/// committed more than `SLACK` after its `visible_at` behind a busy queue
+/// (or whose take rolled back), which waits at most a second.
+struct Floor {
+    /// Scan from this `visible_at`.
+    at: pg_sys::TimestampTz,
+    /// The generation the floor holds for (`None`: unknown, it holds for none).
+    generation: Option<i64>,
+    /// When the last scan from the start ended.
+    full_at: Instant,
+    /// What the last scan from the start took, and the lesser of that and the
+    /// one before (`c`): a single slow one (the statement's first run
+    /// prepares it; a lock wait, a stall) does not count.
+    last_cost: Duration,
+    full_cost: Duration,
+}
+
+/// How far below the oldest row it took a backend's floor sits: room for
+/// writes that commit a little after their `visible_at`, in a different
+/// order than their timestamps.
+const SLACK: pg_sys::TimestampTz = 100_000; // µs
+
+/// A scan from the start that costs less than this is not rate-limited:
+/// whenever a take comes up short or sees the generation change, it scans
+/// from the start, and FIFO order is exact.
+const CHEAP_SCAN: Duration = Duration::from_millis(10);
+
+/// Queues a backend keeps floors for; past this many it forgets them all.
+const FLOORS_KEPT: usize = 1024;
+
+thread_local! {
+    static FLOORS: RefCell<HashMap<Vec<u8>, Floor>> = RefCell::new(HashMap::new());
+}
+
+impl Floor {
+    /// Scans from the start are rate-limited to one per this long, once they
+    /// cost more than [`CHEAP_SCAN`].
+    fn rescan_gap(&self) -> Duration {
+        if self.full_cost < CHEAP_SCAN {
+            Duration::ZERO
+        } else {
+            self.full_cost.saturating_mul(100)
+        }
+    }
+
+    /// At the latest this long after the last scan from the start, the next.
+    fn rescan_due(&self) -> Duration {
+        self.rescan_gap()
+            .clamp(Duration::from_secs(1), Duration::from_secs(600))
+    }
+}
+
+/// What one take statement handed out.
+struct Taken {
+    rows: usize,
+    /// The oldest `visible_at`, before the take, of the rows taken.
+    oldest: Option<pg_sys::TimestampTz>,
+    /// The generation the statement read (`None` when it took nothing).
+    generation: Option<i64>,
+}
+
+fn take_from(
+    call: &Args,
+    stmt: &'static Statement,
+    queue: Name,
+    lease: Interval,
+    max: i64,
+    from: pg_sys::TimestampTz,
+    generation: Option<i64>,
+) -> Result<Taken> {
+    let from =
+        TimestampWithTimeZone::try_from(from).unwrap_or(TimestampWithTimeZone::negative_infinity());
+    let (rows, (oldest, generation)) = plan::run_as_set_then(
+        call,
+        stmt,
+        &[
+            queue.into(),
+            lease.into(),
+            max.into(),
+            from.into(),
+            match generation {
+                Some(g) => g.into(),
+                None => plan::null::<i64>(),
+            },
+        ],
+        |r| {
+            let oldest = (0..r.len())
+                .filter_map(|i| r.get::<TimestampWithTimeZone>(i, 4))
+                .map(pg_sys::TimestampTz::from)
+                .min();
+            (oldest, r.get::<i64>(0, 5))
+        },
+    )?;
+    Ok(Taken {
+        rows,
+        oldest,
+        generation,
+    })
+}
+
 /// Returns its rows through the call (see `plan::run_as_set`).
 #[sql_function(
     "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
@@ -301,15 +463,106 @@ fn take(
         (_, false) => &TAKE_MANY,
         (_, true) => &TAKE_MANY_CLAIM,
     };
-    let rows = plan::run_as_set(
-        call,
-        stmt,
-        &[queue.into(), lease.into(), i64::from(max).into()],
-    )?;
-    if rows == 0 {
+    let start = Instant::now();
+    // From the floor (holding for a generation, or whatever it is), or from
+    // the start; and whether a short take may go back to the start.
+    let floor = FLOORS.with(|f| match f.borrow().get(queue.bytes()) {
+        Some(fl) if start < fl.full_at + fl.rescan_due() => {
+            let may_rescan = start >= fl.full_at + fl.rescan_gap();
+            match (may_rescan, fl.generation) {
+                (false, _) => Some((fl.at, None, false)),
+                (true, Some(g)) => Some((fl.at, Some(g), true)),
+                (true, None) => None,
+            }
+        }
+        _ => None,
+    });
+    let mut full = None;
+    let mut may_rescan = true;
+    let mut taken = match floor {
+        Some((at, generation, may)) => {
+            may_rescan = may;
+            let t = take_from(call, stmt, queue, lease, max.into(), at, generation)?;
+            if generation.is_some() && t.generation.is_some() && t.generation != generation {
+                // the generation had changed: the statement scanned from the start
+                full = Some(start.elapsed());
+            }
+            t
+        }
+        None => {
+            let t = take_from(call, stmt, queue, lease, max.into(), i64::MIN, None)?;
+            full = Some(start.elapsed());
+            t
+        }
+    };
+    if taken.rows < max as usize && full.is_none() && may_rescan {
+        // Came up short from the floor: the start decides.
+        let again = Instant::now();
+        let more = take_from(
+            call,
+            stmt,
+            queue,
+            lease,
+            (max as usize - taken.rows) as i64,
+            i64::MIN,
+            None,
+        )?;
+        full = Some(again.elapsed());
+        taken = Taken {
+            rows: taken.rows + more.rows,
+            oldest: match (taken.oldest, more.oldest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+            generation: more.generation.or(taken.generation),
+        };
+    }
+    remember(queue, &taken, full);
+    if taken.rows == 0 {
         run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
     }
     Ok(())
+}
+
+/// Keep the queue's floor after a take: `SLACK` below the oldest row it took
+/// (after a scan from the start; never lower than the floor after one from
+/// the floor), or now when a scan from the start found nothing.
+fn remember(queue: Name, taken: &Taken, full: Option<Duration>) {
+    FLOORS.with(|f| {
+        let mut floors = f.borrow_mut();
+        let now = pg_sys::TimestampTz::from(pgrx::datum::now());
+        let found = taken.oldest.map(|t| t.saturating_sub(SLACK));
+        match (floors.get_mut(queue.bytes()), full) {
+            (Some(fl), None) => {
+                if let Some(at) = found {
+                    fl.at = fl.at.max(at);
+                }
+            }
+            (Some(fl), Some(cost)) => {
+                fl.at = found.unwrap_or(now.saturating_sub(SLACK));
+                fl.generation = taken.generation;
+                fl.full_at = Instant::now();
+                fl.full_cost = cost.min(fl.last_cost);
+                fl.last_cost = cost;
+            }
+            (None, Some(cost)) => {
+                if floors.len() >= FLOORS_KEPT {
+                    floors.clear();
+                }
+                floors.insert(
+                    queue.bytes().to_vec(),
+                    Floor {
+                        at: found.unwrap_or(now.saturating_sub(SLACK)),
+                        generation: taken.generation,
+                        full_at: Instant::now(),
+                        last_cost: cost,
+                        full_cost: Duration::ZERO,
+                    },
+                );
+            }
+            (None, None) => {}
+        }
+    });
 }
 
 #[sql_function(
@@ -485,6 +738,73 @@ mod tests {
         );
         assert_eq!(tokens, Some(2), "s2 and s1, each claimed with token 1");
         assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.claims"), Some(5));
+    }
+
+    /// take scans from its floor, below the oldest row it took, not from the
+    /// first entry of the index; a schedule or wake_at before now() bumps the
+    /// generation, and the next take scans from the start again.
+    #[pg_test]
+    fn take_scans_from_its_floor_and_a_past_dated_write_goes_back_to_the_start() {
+        let take = || one::<String>("SELECT workflow FROM sturdy.take('floor')");
+        Spi::run(
+            "SELECT sturdy.schedule('f' || i, now() - (10 - i) * interval '1 second', 'floor')
+               FROM generate_series(1, 9) i",
+        )
+        .unwrap();
+        assert_eq!(take().as_deref(), Some("f1"));
+        assert_eq!(take().as_deref(), Some("f2"));
+        // a row written below the floor behind take's back (no generation
+        // bump): a scan from the floor does not see it
+        Spi::run(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
+             VALUES ('floor', 'hidden', now() - interval '1 hour', now())",
+        )
+        .unwrap();
+        assert_eq!(take().as_deref(), Some("f3"), "scanned from the floor");
+        let generation = "SELECT last_value FROM sturdy.queue_generation";
+        let before = one::<i64>(generation);
+        Spi::run("SELECT sturdy.schedule('now', now(), 'floor')").unwrap();
+        assert_eq!(
+            one::<i64>(generation),
+            before,
+            "a schedule for now() bumps nothing"
+        );
+        Spi::run("SELECT sturdy.schedule('past', now() - interval '30 minutes', 'floor')").unwrap();
+        assert_ne!(
+            one::<i64>(generation),
+            before,
+            "a past-dated schedule bumps the generation"
+        );
+        assert_eq!(
+            take().as_deref(),
+            Some("hidden"),
+            "the generation changed: from the start"
+        );
+        assert_eq!(take().as_deref(), Some("past"));
+        Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('floor')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM t").as_deref(),
+            Some("f4")
+        );
+        assert_eq!(take().as_deref(), Some("f5"));
+        assert_eq!(
+            one::<bool>(
+                "SELECT sturdy.wake_at(workflow, receipt, now() - interval '2 hours', 'floor') FROM t"
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            take().as_deref(),
+            Some("f4"),
+            "a past-dated wake_at: from the start"
+        );
+        let rest =
+            one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('floor', max => 10)");
+        assert_eq!(rest.as_deref(), Some("f6,f7,f8,f9,now"));
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('floor')"),
+            Some(0)
+        );
     }
 
     #[pg_test]
