@@ -15,7 +15,7 @@ export PG_CONFIG
 export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 CARGO_FEATURES = --no-default-features --features pg$(PG_MAJOR)
 
-.PHONY: demo test bench bench-outbox bench-batch instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean
+.PHONY: demo test bench bench-outbox bench-batch soak instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -74,6 +74,13 @@ bench-batch: install
 # Only the outbox's per-delivery comparison.
 bench-outbox: install
 	scripts/bench_outbox.py
+
+# The churn soak (not in CI; two hours by default): take/record/done at 16
+# clients, as is and under a pinned xmin, pg_sturdy and the seed's statements
+# (scripts/soak.py; SOAK_MINUTES shortens it). Plots need matplotlib.
+soak: install
+	python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check matplotlib
+	scripts/soak.py
 
 # Instructions per call against the plain statements (callgrind): a cost that
 # does not move with the host.

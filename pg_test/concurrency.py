@@ -153,6 +153,23 @@ def test_a_row_whose_take_rolled_back_is_taken_again_within_seconds():
     print(f"     first taken again {result['first'] - rolled_back:.2f} s after the rollback")
 
 
+def test_health_shows_the_snapshot_a_forgotten_transaction_pins():
+    """A session left in REPEATABLE READ holds a snapshot: sturdy.health's
+    'oldest snapshot' shows its age, and nothing once it ends."""
+    def age(c):
+        """The time part of the signal's value ('-' when nobody holds one)."""
+        return c.execute("SELECT value FROM sturdy.health WHERE signal = 'oldest snapshot'").fetchone()[0].split()[0]
+
+    with connect() as c:
+        with connect(autocommit=False) as pinned:
+            pinned.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            pinned.execute("SELECT count(*) FROM sturdy.queue").fetchone()
+            time.sleep(1.1)
+            assert "00:00:01" <= age(c) < "00:01:00", age(c)
+            pinned.rollback()
+        assert age(c) in ("-", "00:00:00"), age(c)
+
+
 def wait_notifies(conn, seconds):
     """Notifications that reach `conn` within `seconds`."""
     got = []

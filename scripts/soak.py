@@ -14,7 +14,8 @@ autovacuum has run. It writes target/soak/soak.json, prints a Markdown table
 per phase, and draws bench/soak/*.png when matplotlib is importable.
 
   SOAK_MINUTES=30 SOAK_CLIENTS=16 SOAK_BACKLOG=10000 (the defaults)
-  SOAK_PHASES=sturdy,seed,sturdy-pinned,seed-pinned (the default order)
+  SOAK_PHASES=sturdy,seed,sturdy-pinned,seed-pinned (the default order; a
+      phase may carry its own length in minutes: sturdy:20)
 """
 import json
 import os
@@ -96,7 +97,7 @@ def sample(conn, tables):
     return out
 
 
-def phase(name):
+def phase(name, minutes):
     side, pinned = name.split("-")[0], name.endswith("-pinned")
     db = "soak_" + name.replace("-", "_")
     with connect() as c:
@@ -117,7 +118,7 @@ def phase(name):
     monitor = connect(db)
     tables = SIDES[side]["tables"]
     samples = [dict(minute=0.0, tables=sample(monitor, tables))]
-    seconds = int(MINUTES * 60)
+    seconds = int(minutes * 60)
     cmd = [PGBENCH, "-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres", "-n", "-M", "prepared",
            "-c", str(CLIENTS), "-j", "2", "-T", str(seconds), "-P", str(INTERVAL),
            "-f", os.path.join(ROOT, SIDES[side]["script"]), db]
@@ -147,9 +148,9 @@ def phase(name):
                 "SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE datname = current_database()"
             ).fetchone()[0]
         samples.append(s)
-        last = rates[-1]["tps"] if rates else float("nan")
+        last = f"{rates[-1]['tps']:8.1f}" if rates else "       -"
         q = s["tables"][tables[0]]
-        print(f"  {name} {s['minute']:5.1f} min: {last:8.1f} passes/s, queue heap "
+        print(f"  {name} {s['minute']:5.1f} min: {last} passes/s, queue heap "
               f"{q['heap'] / 2**20:7.1f} MB, indexes {q['indexes'] / 2**20:7.1f} MB, dead {q['dead']:>9}",
               flush=True)
         k += 1
@@ -158,12 +159,12 @@ def phase(name):
     if bench.returncode != 0:
         sys.exit(f"pgbench failed ({name}):\n{out}")
     total = float(re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out).group(1))
-    samples.append(dict(minute=MINUTES, tables=sample(monitor, tables)))
+    samples.append(dict(minute=minutes, tables=sample(monitor, tables)))
     if pin is not None:
         pin.rollback()
         pin.close()
     monitor.close()
-    return dict(name=name, side=side, pinned=pinned, minutes=MINUTES, clients=CLIENTS, backlog=BACKLOG,
+    return dict(name=name, side=side, pinned=pinned, minutes=minutes, clients=CLIENTS, backlog=BACKLOG,
                 passes_per_s=total, rates=rates, samples=samples)
 
 
@@ -172,7 +173,7 @@ def summary(r):
     first, last = (tps[0], tps[-1]) if tps else (float("nan"), float("nan"))
     end = r["samples"][-1]["tables"]
     q = end[SIDES[r["side"]]["tables"][0]]
-    return (f"| {r['name']} | {r['passes_per_s']:,.0f} | {first:,.0f} | {last:,.0f} | {last / first:.2f} | "
+    return (f"| {r['name']} | {r['minutes']:g} | {r['passes_per_s']:,.0f} | {first:,.0f} | {last:,.0f} | {last / first:.2f} | "
             f"{q['heap'] / 2**20:,.1f} | {q['indexes'] / 2**20:,.1f} | {q['dead']:,} |")
 
 
@@ -221,16 +222,18 @@ def main():
                     "max_wal_size = '4GB'"], check=True)
     results = []
     try:
-        for name in PHASES:
-            print(f"phase {name}: {MINUTES:g} min, {CLIENTS} clients, backlog {BACKLOG:,}", flush=True)
-            results.append(phase(name))
+        for spec in PHASES:
+            name, _, minutes = spec.partition(":")
+            minutes = float(minutes) if minutes else MINUTES
+            print(f"phase {name}: {minutes:g} min, {CLIENTS} clients, backlog {BACKLOG:,}", flush=True)
+            results.append(phase(name, minutes))
             with open(os.path.join(DIR, "soak.json"), "w") as f:
                 json.dump(results, f, indent=1)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
-    print("\n| phase | passes/s (whole run) | first minute | last minute | last / first | queue heap MB "
-          "| queue indexes MB | queue dead tuples at the end |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n| phase | minutes | passes/s (whole run) | first {INTERVAL} s | last {INTERVAL} s | last / first "
+          "| queue heap MB | queue indexes MB | queue dead tuples at the end |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(summary(r))
     plot(results)

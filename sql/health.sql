@@ -34,6 +34,16 @@ SELECT 'dead tuples ' || s.relname,
        s.n_dead_tup <= 0.2 * GREATEST(s.n_live_tup + s.n_dead_tup, 1000),
        'Dead row versions not yet vacuumed (an estimate from the statistics): high and growing means autovacuum is behind or a long transaction holds the xmin horizon.'
   FROM pg_catalog.pg_stat_user_tables s
- WHERE s.schemaname = 'sturdy' AND s.relname IN ('queue', 'claims', 'deliveries', 'instances', 'checkpoints');
+ WHERE s.schemaname = 'sturdy' AND s.relname IN ('queue', 'claims', 'deliveries', 'instances', 'checkpoints')
+UNION ALL
+SELECT 'oldest snapshot',
+       COALESCE(pg_catalog.to_char(pg_catalog.max(now() - a.xact_start), 'HH24:MI:SS'), '-')
+           || ' (' || COALESCE(pg_catalog.max(pg_catalog.age(a.backend_xmin)), 0) || ' transactions)',
+       COALESCE(pg_catalog.max(now() - a.xact_start) < interval '5 minutes', true)
+           AND COALESCE(pg_catalog.max(pg_catalog.age(a.backend_xmin)), 0) < 10000000,
+       'The oldest open transaction of this database holding a snapshot (its age; the time only where pg_stat_activity shows it to you): vacuum removes nothing deleted after it began, so the tables grow. Find it in pg_stat_activity, end it, and set idle_in_transaction_session_timeout.'
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() AND a.backend_xmin IS NOT NULL
+   AND a.pid <> pg_catalog.pg_backend_pid();
 COMMENT ON VIEW sturdy.health IS
-    'Is anything wrong: the oldest ready job, lapsed leases, the oldest pending delivery, dead deliveries, stuck instances and dead tuples in the busy tables, each with ok by a documented threshold.';
+    'Is anything wrong: the oldest ready job, lapsed leases, the oldest pending delivery, dead deliveries, stuck instances, dead tuples in the busy tables and the oldest snapshot, each with ok by a documented threshold.';
