@@ -16,6 +16,7 @@ per phase, and draws bench/soak/*.png when matplotlib is importable.
   SOAK_MINUTES=30 SOAK_CLIENTS=16 SOAK_BACKLOG=10000 (the defaults)
   SOAK_PHASES=sturdy,seed,sturdy-pinned,seed-pinned (the default order; a
       phase may carry its own length in minutes: sturdy:20)
+  scripts/soak.py report      (the table and plots again from soak.json)
 """
 import json
 import os
@@ -169,12 +170,28 @@ def phase(name, minutes):
 
 
 def summary(r):
-    tps = [x["tps"] for x in r["rates"]]
-    first, last = (tps[0], tps[-1]) if tps else (float("nan"), float("nan"))
-    end = r["samples"][-1]["tables"]
-    q = end[SIDES[r["side"]]["tables"][0]]
-    return (f"| {r['name']} | {r['minutes']:g} | {r['passes_per_s']:,.0f} | {first:,.0f} | {last:,.0f} | {last / first:.2f} | "
-            f"{q['heap'] / 2**20:,.1f} | {q['indexes'] / 2**20:,.1f} | {q['dead']:,} |")
+    """One phase's row: its first interval, the mean of its first and of its
+    last five minutes (single minutes swing by ±20% on a 2-core machine), and
+    the queue table at the end."""
+    rates = r["rates"]
+    span = r["minutes"] * 60
+    first5 = [x["tps"] for x in rates if x["at"] <= 300]
+    last5 = [x["tps"] for x in rates if x["at"] > span - 300]
+    start, end = sum(first5) / len(first5), sum(last5) / len(last5)
+    q = r["samples"][-1]["tables"][SIDES[r["side"]]["tables"][0]]
+    return (f"| {r['name']} | {r['minutes']:g} | {r['passes_per_s']:,.0f} | {rates[0]['tps']:,.0f} | {start:,.0f} | "
+            f"{end:,.0f} | {end / start:.2f} | {q['heap'] / 2**20:,.0f} + {q['indexes'] / 2**20:,.0f} | "
+            f"{q['dead']:,} |")
+
+
+def report(results):
+    print(f"\n| phase | minutes | passes/s, whole run | first {INTERVAL} s | mean of the first 5 min "
+          "| mean of the last 5 min | last / first 5 min | queue heap + indexes at the end, MB "
+          "| queue dead tuples at the end |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(summary(r))
+    plot(results)
 
 
 def plot(results):
@@ -231,13 +248,12 @@ def main():
                 json.dump(results, f, indent=1)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
-    print(f"\n| phase | minutes | passes/s (whole run) | first {INTERVAL} s | last {INTERVAL} s | last / first "
-          "| queue heap MB | queue indexes MB | queue dead tuples at the end |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        print(summary(r))
-    plot(results)
+    report(results)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["report"]:  # the table and plots again, from target/soak/soak.json
+        with open(os.path.join(DIR, "soak.json")) as f:
+            report(json.load(f))
+    else:
+        main()

@@ -170,16 +170,16 @@ pub fn run_as_set_then<R>(
     args: &[DatumWithOid<'_>],
     then: impl FnOnce(Rows) -> R,
 ) -> Result<(usize, R)> {
-    let fill = |()| {
+    let fill = || {
         let rows = fill_result(call)?;
         Ok((rows, then(last_rows())))
     };
     if !stmt.generic {
-        return run_one(stmt, args, |_| fill(()));
+        return run_one(stmt, args, |_| fill());
     }
     Spi::connect(|_| {
         execute_generic(stmt, args)?;
-        fill(())
+        fill()
     })
 }
 
@@ -288,12 +288,12 @@ pub fn run_generic<R>(
 fn fill_result(call: &Args) -> Result<usize> {
     let fcinfo = call.fcinfo();
     // SAFETY: `fcinfo` is the live call (`Args` exists only inside one) of a
-    // set-returning function (InitMaterializedSRF checks that the caller
-    // accepts a tuplestore and raises if not; it runs once per call). SPI_tuptable is the result of
-    // the statement just run in the SPI connection still open around us; each
-    // of its SPI_processed tuples is deformed with its own descriptor and
-    // its leading values copied into the tuplestore, which lives in the
-    // caller's per-query memory.
+    // set-returning function (InitMaterializedSRF, run once per call, checks
+    // that the caller accepts a tuplestore and raises if not). SPI_tuptable
+    // is the result of the statement just run in the SPI connection still
+    // open around us; each of its SPI_processed tuples is deformed with its
+    // own descriptor and its leading values copied into the tuplestore, which
+    // lives in the caller's per-query memory.
     unsafe {
         let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
         if rsinfo.is_null() || (*rsinfo).setResult.is_null() {
