@@ -7,6 +7,7 @@
 //! - `args`: argument checks, into validated values;
 //! - `fmgr`: how Postgres calls us and how errors leave with their SQLSTATE;
 //! - `plan`: statements prepared once per backend, set-returning results;
+//! - `sequence`: reading a sequence of ours without a statement;
 //! - `subxact`: subtransactions and calling a caller's function.
 //!
 //! Each capability is one module with the same shape (protocol comment,
@@ -28,6 +29,8 @@ pub mod fmgr;
 pub mod fragment;
 #[allow(unsafe_code)]
 pub mod plan;
+#[allow(unsafe_code)]
+pub mod sequence;
 #[allow(unsafe_code)]
 pub mod subxact;
 

@@ -80,13 +80,9 @@ static SCHEDULE: Statement = Statement {
 // instead of 1.8 ms to take 100 of 50,000).
 //
 // The scan starts at a floor, `$4` (see [`Floor`]): `-infinity` for a scan
-// from the start, else this backend's floor for the queue, which holds
-// while the generation is still `$5` (NULL: whatever it is). Each statement
+// from the start, else this backend's floor for the queue. Each statement
 // returns, after the declared columns, the rows' `visible_at` before the
-// take and the generation it read. The generation is found by name with
-// `to_regclass`, NULL where it does not exist: this library also serves
-// schemas of released versions until `ALTER EXTENSION pg_sturdy UPDATE`,
-// and there every take scans from the start, as those versions did.
+// take.
 //
 // For batches, `LIMIT $3` makes the planner cost the generic plan for a
 // tenth of the table, so the plan cache would re-plan every call (~0.15 ms);
@@ -98,21 +94,17 @@ const TAKE_ARGS: &[pg_sys::Oid] = &[
     pg_sys::INTERVALOID,
     pg_sys::INT8OID,
     pg_sys::TIMESTAMPTZOID,
-    pg_sys::INT8OID,
 ];
 
-/// The generation, and the candidate rows from the floor on: the head of every
-/// take statement, followed by its `LIMIT`.
+/// The candidate rows from the floor on: the head of every take statement,
+/// followed by its `LIMIT`.
 macro_rules! take_due {
     () => {
-        "WITH generation AS (
-              SELECT pg_catalog.pg_sequence_last_value(pg_catalog.to_regclass('sturdy.queue_generation')) AS g),
-          due AS MATERIALIZED (
+        "WITH due AS MATERIALIZED (
               SELECT ctid, workflow, visible_at FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-                 AND visible_at OPERATOR(pg_catalog.>=)
-                     CASE WHEN $5 IS NULL OR (SELECT g FROM generation) OPERATOR(pg_catalog.=) $5 THEN $4
-                          ELSE '-infinity'::pg_catalog.timestamptz END
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                 AND visible_at OPERATOR(pg_catalog.>=) $4
                ORDER BY visible_at"
     };
 }
@@ -157,7 +149,7 @@ static TAKE_ONE: Statement = Statement {
         " LIMIT 1",
         take_lease!("(SELECT ctid FROM due)"),
         "
-          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due), (SELECT g FROM generation)
+          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due)
             FROM taken"
     ),
     args: TAKE_ARGS,
@@ -172,8 +164,7 @@ static TAKE_ONE_CLAIM: Statement = Statement {
         take_lease!("(SELECT ctid FROM due)"),
         take_claim!(),
         "
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due),
-                 (SELECT g FROM generation)
+          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due)
             FROM taken t"
     ),
     args: TAKE_ARGS,
@@ -187,7 +178,7 @@ static TAKE_MANY: Statement = Statement {
         " LIMIT $3",
         take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
         "
-          SELECT t.workflow, t.visible_at, NULL::bigint, d.visible_at, (SELECT g FROM generation)
+          SELECT t.workflow, t.visible_at, NULL::bigint, d.visible_at
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
            ORDER BY d.visible_at"
     ),
@@ -203,7 +194,7 @@ static TAKE_MANY_CLAIM: Statement = Statement {
         take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
         take_claim!(),
         "
-          SELECT t.workflow, t.visible_at, c.token, d.visible_at, (SELECT g FROM generation)
+          SELECT t.workflow, t.visible_at, c.token, d.visible_at
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
             LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
            ORDER BY d.visible_at"
@@ -396,8 +387,6 @@ struct Taken {
     rows: usize,
     /// The oldest `visible_at`, before the take, of the rows taken.
     oldest: Option<pg_sys::TimestampTz>,
-    /// The generation the statement read (`None` when it took nothing).
-    generation: Option<i64>,
 }
 
 fn take_from(
@@ -407,36 +396,21 @@ fn take_from(
     lease: Interval,
     max: i64,
     from: pg_sys::TimestampTz,
-    generation: Option<i64>,
 ) -> Result<Taken> {
     let from =
         TimestampWithTimeZone::try_from(from).unwrap_or(TimestampWithTimeZone::negative_infinity());
-    let (rows, (oldest, generation)) = plan::run_as_set_then(
+    let (rows, oldest) = plan::run_as_set_then(
         call,
         stmt,
-        &[
-            queue.into(),
-            lease.into(),
-            max.into(),
-            from.into(),
-            match generation {
-                Some(g) => g.into(),
-                None => plan::null::<i64>(),
-            },
-        ],
+        &[queue.into(), lease.into(), max.into(), from.into()],
         |r| {
-            let oldest = (0..r.len())
+            (0..r.len())
                 .filter_map(|i| r.get::<TimestampWithTimeZone>(i, 4))
                 .map(pg_sys::TimestampTz::from)
-                .min();
-            (oldest, r.get::<i64>(0, 5))
+                .min()
         },
     )?;
-    Ok(Taken {
-        rows,
-        oldest,
-        generation,
-    })
+    Ok(Taken { rows, oldest })
 }
 
 /// Returns its rows through the call (see `plan::run_as_set`).
@@ -464,49 +438,40 @@ fn take(
         (_, true) => &TAKE_MANY_CLAIM,
     };
     let start = Instant::now();
-    // From the floor (holding for a generation, or whatever it is), or from
-    // the start; and whether a short take may go back to the start.
+    // Read before any scan: a past-dated write that bumps it after this
+    // point is found by the next take.
+    let generation = generation::read();
+    // From the floor, or from the start; and whether a short take may go
+    // back to the start. Rate-limited, the floor holds whatever the
+    // generation; otherwise only for the generation it was found under.
     let floor = FLOORS.with(|f| match f.borrow().get(queue.bytes()) {
         Some(fl) if start < fl.full_at + fl.rescan_due() => {
-            let may_rescan = start >= fl.full_at + fl.rescan_gap();
-            match (may_rescan, fl.generation) {
-                (false, _) => Some((fl.at, None, false)),
-                (true, Some(g)) => Some((fl.at, Some(g), true)),
-                (true, None) => None,
+            if start < fl.full_at + fl.rescan_gap() {
+                Some((fl.at, false))
+            } else if fl.generation.is_some() && fl.generation == generation {
+                Some((fl.at, true))
+            } else {
+                None
             }
         }
         _ => None,
     });
-    let mut full = None;
-    let mut may_rescan = true;
-    let mut taken = match floor {
-        Some((at, generation, may)) => {
-            may_rescan = may;
-            let t = take_from(call, stmt, queue, lease, max.into(), at, generation)?;
-            if generation.is_some() && t.generation.is_some() && t.generation != generation {
-                // the generation had changed: the statement scanned from the start
-                full = Some(start.elapsed());
-            }
-            t
-        }
+    let (mut taken, mut full, may_rescan) = match floor {
+        Some((at, may)) => (
+            take_from(call, stmt, queue, lease, max.into(), at)?,
+            None,
+            may,
+        ),
         None => {
-            let t = take_from(call, stmt, queue, lease, max.into(), i64::MIN, None)?;
-            full = Some(start.elapsed());
-            t
+            let t = take_from(call, stmt, queue, lease, max.into(), i64::MIN)?;
+            (t, Some(start.elapsed()), true)
         }
     };
     if taken.rows < max as usize && full.is_none() && may_rescan {
         // Came up short from the floor: the start decides.
         let again = Instant::now();
-        let more = take_from(
-            call,
-            stmt,
-            queue,
-            lease,
-            (max as usize - taken.rows) as i64,
-            i64::MIN,
-            None,
-        )?;
+        let left = (max as usize - taken.rows) as i64;
+        let more = take_from(call, stmt, queue, lease, left, i64::MIN)?;
         full = Some(again.elapsed());
         taken = Taken {
             rows: taken.rows + more.rows,
@@ -514,10 +479,9 @@ fn take(
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             },
-            generation: more.generation.or(taken.generation),
         };
     }
-    remember(queue, &taken, full);
+    remember(queue, &taken, full, generation);
     if taken.rows == 0 {
         run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
     }
@@ -525,9 +489,10 @@ fn take(
 }
 
 /// Keep the queue's floor after a take: `SLACK` below the oldest row it took
-/// (after a scan from the start; never lower than the floor after one from
-/// the floor), or now when a scan from the start found nothing.
-fn remember(queue: Name, taken: &Taken, full: Option<Duration>) {
+/// (after a scan from the start, which holds for `generation`; never lower
+/// than the floor after one from the floor), or now when a scan from the
+/// start found nothing.
+fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Option<i64>) {
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
         let now = pg_sys::TimestampTz::from(pgrx::datum::now());
@@ -540,7 +505,7 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>) {
             }
             (Some(fl), Some(cost)) => {
                 fl.at = found.unwrap_or(now.saturating_sub(SLACK));
-                fl.generation = taken.generation;
+                fl.generation = generation;
                 fl.full_at = Instant::now();
                 fl.full_cost = cost.min(fl.last_cost);
                 fl.last_cost = cost;
@@ -553,7 +518,7 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>) {
                     queue.bytes().to_vec(),
                     Floor {
                         at: found.unwrap_or(now.saturating_sub(SLACK)),
-                        generation: taken.generation,
+                        generation,
                         full_at: Instant::now(),
                         last_cost: cost,
                         full_cost: Duration::ZERO,
@@ -563,6 +528,20 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>) {
             (None, None) => {}
         }
     });
+}
+
+/// take's generation, read directly (as an SQL expression in every take
+/// statement it cost take 14% in instructions; bench/README.md). `None` in a
+/// schema of a released version, which has no such sequence: there every
+/// take scans from the start, as those versions did.
+mod generation {
+    use crate::sequence::Sequence;
+
+    static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_generation");
+
+    pub fn read() -> Option<i64> {
+        SEQUENCE.last_value()
+    }
 }
 
 #[sql_function(
@@ -826,6 +805,52 @@ mod tests {
         assert_eq!(
             one::<i64>("SELECT count(*) FROM sturdy.take('reports')"),
             Some(1)
+        );
+    }
+
+    /// The generation's sequence is found by OID once per backend: dropped,
+    /// takes scan from the start (as in a schema of a released version);
+    /// re-created under a new OID, it is found again.
+    #[pg_test]
+    fn take_finds_its_generation_again_after_the_sequence_is_re_created() {
+        let take = || one::<String>("SELECT workflow FROM sturdy.take('regen')");
+        Spi::run(
+            "SELECT sturdy.schedule('r' || i, now() - (10 - i) * interval '1 second', 'regen')
+               FROM generate_series(1, 5) i",
+        )
+        .unwrap();
+        assert_eq!(take().as_deref(), Some("r1"));
+        Spi::run(
+            "ALTER EXTENSION pg_sturdy DROP SEQUENCE sturdy.queue_generation;
+             DROP SEQUENCE sturdy.queue_generation",
+        )
+        .unwrap();
+        let hidden = "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
+                      VALUES ('regen', $1, now() - interval '1 hour', now())";
+        Spi::run_with_args(hidden, &["hidden-1".into()]).unwrap();
+        assert_eq!(
+            take().as_deref(),
+            Some("hidden-1"),
+            "no generation: from the start"
+        );
+        Spi::run(
+            "CREATE SEQUENCE sturdy.queue_generation;
+             SELECT nextval('sturdy.queue_generation')",
+        )
+        .unwrap();
+        assert_eq!(take().as_deref(), Some("r2"), "from the start");
+        assert_eq!(take().as_deref(), Some("r3"), "from the floor");
+        Spi::run_with_args(hidden, &["hidden-2".into()]).unwrap();
+        assert_eq!(
+            take().as_deref(),
+            Some("r4"),
+            "the new sequence is read: its generation holds, from the floor"
+        );
+        Spi::run("SELECT nextval('sturdy.queue_generation')").unwrap();
+        assert_eq!(
+            take().as_deref(),
+            Some("hidden-2"),
+            "a bump of the new sequence: from the start"
         );
     }
 
