@@ -290,6 +290,33 @@ def test_a_missed_wakeup_is_caught_by_the_poll():
     assert result.get("row") == ("late",) and result.get("woken") is False, result
 
 
+def test_a_busy_queue_schedules_without_looking_for_marks():
+    """Once a producer's backend has found a queue unmarked at an idle epoch
+    that stood for a second, its schedules there do not look at
+    sturdy.queue_waiters at all; a worker going idle moves the epoch, and the
+    same backend's next schedule finds the mark and notifies."""
+
+    def looks(c):
+        c.execute("SELECT pg_stat_force_next_flush()")
+        time.sleep(0.3)  # the producer's stats reach the shared counters when it goes idle
+        return c.execute("SELECT coalesce(idx_scan, 0) + coalesce(seq_scan, 0) FROM pg_stat_user_tables "
+                         "WHERE relid = 'sturdy.queue_waiters'::regclass").fetchone()[0]
+
+    with connect() as producer, connect() as watcher, connect() as listener:
+        watcher.execute("DELETE FROM sturdy.queue_waiters WHERE queue = 'settle'")
+        producer.execute("SELECT sturdy.schedule('settle-0', now(), 'settle')")
+        time.sleep(1.1)
+        producer.execute("SELECT sturdy.schedule('settle-1', now(), 'settle')")
+        before = looks(producer)
+        for i in range(200):
+            producer.execute("SELECT sturdy.schedule(%s, now(), 'settle')", (f"settle-b{i}",))
+        assert looks(producer) == before, "a settled schedule looked for a mark"
+        watcher.execute("DELETE FROM sturdy.queue WHERE queue = 'settle'")
+        go_idle(listener, "settle")
+        producer.execute("SELECT sturdy.schedule('settle-after', now(), 'settle')")
+        assert wait_notifies(listener, 2.0) == [("sturdy", "settle")], "the epoch moved: the mark is found"
+
+
 def test_an_idle_listening_worker_wakes_at_once_and_takes():
     """A worker whose take found nothing blocks on LISTEN (no polling) and is
     woken by a schedule in another session within a bound, and takes it."""

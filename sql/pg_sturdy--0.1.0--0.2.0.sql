@@ -1,10 +1,14 @@
 -- pg_sturdy 0.1.0 -> 0.2.0: the transactional outbox, workflow instances,
--- batch chunks, the health view and take's generation. Every object 0.2.0
--- adds, in install order (drafted by scripts/release_diff.py from the two
--- versions' install scripts, then read by hand); grant_usage is replaced
--- (it grants on ALL ROUTINES: batch_all is a procedure), and the revokes
--- run again over the new objects.
+-- batch chunks, the health view, take's generation and its index without
+-- deduplication. Every object 0.2.0 adds, in install order (drafted by
+-- scripts/release_diff.py from the two versions' install scripts, then read
+-- by hand); grant_usage is replaced (it grants on ALL ROUTINES: batch_all is
+-- a procedure), and the revokes run again over the new objects.
 \echo Use "ALTER EXTENSION pg_sturdy UPDATE TO '0.2.0'" to load this file. \quit
+
+-- take's index without deduplication (see sql/queue.sql). Entries already
+-- merged into posting lists stay so until a REINDEX; new ones are not merged.
+ALTER INDEX sturdy.queue_visible SET (deduplicate_items = off);
 
 -- take's floor: the generation a past-dated schedule or wake_at bumps (see
 -- sql/queue.sql).
@@ -12,8 +16,14 @@ CREATE SEQUENCE sturdy.queue_generation;
 COMMENT ON SEQUENCE sturdy.queue_generation IS
     'Bumped by a schedule or wake_at that makes a row ready before now(): takes that see it change scan their queue from the start again.';
 SELECT pg_catalog.nextval('sturdy.queue_generation');
+-- the idle epoch: schedules look for waiter marks only after it moves (see
+-- sql/queue.sql)
+CREATE SEQUENCE sturdy.queue_idle;
+COMMENT ON SEQUENCE sturdy.queue_idle IS
+    'Bumped by every take that finds its queue empty and marks it in queue_waiters: schedules look for marks only after it moves.';
+SELECT pg_catalog.nextval('sturdy.queue_idle');
 -- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
--- which now read and bump it: they get it as grant_usage gives it.
+-- which now read and bump both: they get them as grant_usage gives them.
 DO $$
 DECLARE
     role name;
@@ -24,7 +34,8 @@ BEGIN
          WHERE n.nspname = 'sturdy' AND a.privilege_type = 'USAGE' AND a.grantee = r.oid
            AND a.grantee <> n.nspowner
     LOOP
-        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation TO %I', role);
+        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle TO %I',
+                                  role);
     END LOOP;
 END $$;
 

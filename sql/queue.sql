@@ -11,8 +11,13 @@ CREATE TABLE sturdy.queue (
     scheduled_at timestamptz NOT NULL,
     PRIMARY KEY (queue, workflow)
 );
--- take's scan: the oldest visible rows of one queue
-CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at);
+-- take's scan: the oldest visible rows of one queue. Without deduplication:
+-- rows scheduled in one transaction share a visible_at, and a posting list
+-- holding their entries cannot be marked dead until every one of them is, so
+-- until vacuum each take would visit in the heap every row already taken and
+-- done from that batch (measured: bench/README.md). One entry per row is
+-- marked dead by the first scan that finds its row gone, and skipped after.
+CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at) WITH (deduplicate_items = off);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 
 -- take's floor (src/queue.rs): each backend remembers, per queue, how far its
@@ -52,6 +57,16 @@ COMMENT ON TABLE sturdy.queue_waiters IS
     'Queues with an idle worker: set by a take that found nothing, cleared (with one NOTIFY sturdy) by the next schedule, arrive or due wake_at there.';
 COMMENT ON COLUMN sturdy.queue_waiters.queue IS 'The queue a worker found empty.';
 COMMENT ON COLUMN sturdy.queue_waiters.since IS 'When the first take found it empty since the last notification.';
+
+-- The idle epoch (src/queue.rs, `Unmarked`): bumped by every take that found
+-- its queue empty and marked it in queue_waiters. A schedule that makes a row
+-- ready looks for the mark only while this has moved since its backend last
+-- found the queue unmarked, so a busy queue's schedules never probe
+-- queue_waiters. A sequence: not transactional, no dead tuples.
+CREATE SEQUENCE sturdy.queue_idle;
+COMMENT ON SEQUENCE sturdy.queue_idle IS
+    'Bumped by every take that finds its queue empty and marks it in queue_waiters: schedules look for marks only after it moves.';
+SELECT pg_catalog.nextval('sturdy.queue_idle');
 
 CREATE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
 SELECT queue,

@@ -20,15 +20,22 @@
 //! through its WAL flush, so notifying on every schedule would make a busy
 //! system commit its schedules one at a time. Instead a worker says it is idle
 //! by the `take` that found nothing: that take leaves a mark for its queue
-//! (`sturdy.queue_waiters`). A schedule (or `arrive`, or a `wake_at` that is
-//! already due) that makes a row ready removes the mark and, only if it found
-//! one, sends `NOTIFY sturdy, '<queue>'`, delivered at commit (dropped with a
-//! rollback). While workers keep finding work there is no mark and no
-//! notification. The guarantee: a schedule that starts after an empty take
-//! committed wakes the workers listening on that queue; one that ran
-//! concurrently with the empty take may miss it, and the worker's own poll
-//! interval bounds that delay (as it bounds a deadline passing, which wakes
-//! nobody).
+//! (`sturdy.queue_waiters`) and bumps the idle epoch (`sturdy.queue_idle`, a
+//! sequence). A schedule (or `arrive`, or a `wake_at` that is already due)
+//! that makes a row ready removes the mark and, only if it found one, sends
+//! `NOTIFY sturdy, '<queue>'`, delivered at commit (dropped with a rollback).
+//! While workers keep finding work there is no mark and no notification.
+//!
+//! A schedule does not even look for the mark while the epoch stands where it
+//! stood when this backend last found the queue unmarked ([`Unmarked`]): a
+//! mark is only ever made with a bump, so a busy queue's schedule costs its
+//! upsert and a read of the sequence, not a probe of another table.
+//!
+//! The guarantee: a schedule that starts at least a second after an empty
+//! take committed wakes the workers listening on that queue; one that ran
+//! concurrently with the empty take (or whose transaction had started
+//! before it) may miss it, and the worker's own poll interval bounds that
+//! delay (as it bounds a deadline passing, which wakes nobody).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -45,26 +52,26 @@ use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
 
-/// Upsert the row to `visible_at`, forgetting any lease on it; a
-/// `visible_at` before `now()` bumps take's generation (see [`Floor`]).
-/// Answers whether a worker waits for it: the row is ready now and the queue is
-/// marked. The probe is read-only and runs only for a ready row (an InitPlan
-/// evaluated on first use): a busy queue pays an index probe of an empty
-/// table, not a DELETE (measured: the DELETE in this statement cost 57% over
-/// the plain upsert in instructions; see bench/README.md).
+/// Upsert the row to `visible_at`, forgetting any lease on it. The statement
+/// a team would write, and nothing else: whether the row is ready, the
+/// generation bump of a past-dated one (see [`Floor`]) and the wakeup are
+/// decided in [`schedule_at`] (measured: probing the waiter mark in this
+/// statement cost schedule 34k instructions a call, bench/README.md).
 static SCHEDULE: Statement = Statement {
-    sql: "WITH scheduled AS (
-              INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
-              VALUES ($3, $1, $2, NULL, pg_catalog.now())
-              ON CONFLICT (queue, workflow) DO UPDATE
-                 SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at
-              RETURNING q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
-          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $3),
-                 CASE WHEN $2 OPERATOR(pg_catalog.<) pg_catalog.now()
-                      THEN pg_catalog.nextval(pg_catalog.to_regclass('sturdy.queue_generation')) END
-            FROM scheduled",
+    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
+          VALUES ($3, $1, $2, NULL, pg_catalog.now())
+          ON CONFLICT (queue, workflow) DO UPDATE
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
+    generic: false,
+};
+
+/// Is the queue marked (a worker found it empty and waits)?
+static MARKED: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
     generic: false,
 };
 
@@ -215,7 +222,8 @@ static WAKE: Statement = Statement {
 };
 
 /// A take that found nothing: its worker is about to wait, so the next
-/// schedule that makes a row ready in this queue should notify.
+/// schedule that makes a row ready in this queue should notify. Followed by a
+/// bump of the idle epoch (see [`Unmarked`]).
 static MARK_IDLE: Statement = Statement {
     sql: "INSERT INTO sturdy.queue_waiters (queue, since) VALUES ($1, pg_catalog.now())
           ON CONFLICT (queue) DO NOTHING",
@@ -275,14 +283,89 @@ static WAKE_AT: Statement = Statement {
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
 /// arguments. `schedule` and `arrive` both end here.
 pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Name) -> Result<()> {
-    let waited = run_one(
+    run_one(
         &SCHEDULE,
         &[workflow.into(), visible_at.into(), queue.into()],
-        first_value::<bool>,
+        |_| Ok(()),
     )?;
-    if waited == Some(true) {
-        wake(queue)?;
+    // `now()` in SQL: the transaction's start
+    let now = pg_sys::TimestampTz::from(pgrx::datum::now());
+    let at = pg_sys::TimestampTz::from(visible_at);
+    if at < now {
+        generation::bump();
     }
+    if at <= now {
+        wake_if_waited(queue)?;
+    }
+    Ok(())
+}
+
+/// Where this backend last found a queue unmarked, by the idle epoch.
+///
+/// Every mark is made with a bump of `sturdy.queue_idle`, so while the epoch
+/// stands where it stood when a probe found the queue unmarked, no worker can
+/// have marked it since, and a schedule need not look. The bump comes before
+/// the mark's commit, though: a probe that ran in between saw no mark and
+/// proves nothing. So after this backend first sees an epoch, it keeps
+/// probing on every ready schedule until one whose transaction started
+/// [`SETTLE`] later finds the queue unmarked; only that one is trusted. A
+/// mark committed more than `SETTLE` after its bump (a take inside a long
+/// transaction) may be missed, and the worker's poll interval bounds the
+/// delay, as for a schedule that ran concurrently with the empty take.
+struct Unmarked {
+    /// The epoch the entry is about.
+    epoch: i64,
+    /// When this backend first read that epoch (clock time).
+    seen: pg_sys::TimestampTz,
+    /// A probe trusted for this epoch found the queue unmarked.
+    settled: bool,
+}
+
+/// How long a mark may take to commit after its bump and still be found.
+const SETTLE: pg_sys::TimestampTz = 1_000_000; // µs
+
+thread_local! {
+    static UNMARKED: RefCell<HashMap<Vec<u8>, Unmarked>> = RefCell::new(HashMap::new());
+}
+
+/// A row of `queue` is ready now: wake its waiting workers, if any may wait.
+fn wake_if_waited(queue: Name) -> Result<()> {
+    // a schema of a released version has no epoch: always look
+    let Some(epoch) = idle::read() else {
+        return wake(queue);
+    };
+    let settled = UNMARKED.with(|u| {
+        u.borrow()
+            .get(queue.bytes())
+            .is_some_and(|m| m.epoch == epoch && m.settled)
+    });
+    if settled {
+        return Ok(());
+    }
+    if run_one(&MARKED, &[queue.into()], first_value::<bool>)? == Some(true) {
+        return wake(queue);
+    }
+    let started = pg_sys::TimestampTz::from(pgrx::datum::now());
+    let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
+    UNMARKED.with(|u| {
+        let mut unmarked = u.borrow_mut();
+        if unmarked.len() >= FLOORS_KEPT && !unmarked.contains_key(queue.bytes()) {
+            unmarked.clear();
+        }
+        let m = unmarked.entry(queue.bytes().to_vec()).or_insert(Unmarked {
+            epoch,
+            seen: clock,
+            settled: false,
+        });
+        if m.epoch != epoch {
+            *m = Unmarked {
+                epoch,
+                seen: clock,
+                settled: false,
+            };
+        }
+        m.settled = started >= m.seen.saturating_add(SETTLE);
+    });
     Ok(())
 }
 
@@ -484,6 +567,7 @@ fn take(
     remember(queue, &taken, full, generation);
     if taken.rows == 0 {
         run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+        idle::bump();
     }
     Ok(())
 }
@@ -541,6 +625,26 @@ mod generation {
 
     pub fn read() -> Option<i64> {
         SEQUENCE.last_value()
+    }
+
+    pub fn bump() {
+        SEQUENCE.advance();
+    }
+}
+
+/// The idle epoch (see [`Unmarked`]); `None` in a schema of a released
+/// version, where every ready schedule looks for the mark.
+mod idle {
+    use crate::sequence::Sequence;
+
+    static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_idle");
+
+    pub fn read() -> Option<i64> {
+        SEQUENCE.last_value()
+    }
+
+    pub fn bump() {
+        SEQUENCE.advance();
     }
 }
 

@@ -88,24 +88,37 @@ impl Sequence {
     /// never advanced. Raises as `pg_sequence_last_value` does (no SELECT or
     /// USAGE on it).
     pub fn last_value(&'static self) -> Option<i64> {
-        let oid = self.oid()?;
-        // SAFETY: a one-argument call of a built-in V1 function on a zeroed
-        // call frame with room for its argument; an error it raises unwinds
-        // through pgrx's guard like any SQL error.
-        unsafe {
-            let fcinfo = pg_sys::palloc0(
-                size_of::<pg_sys::FunctionCallInfoBaseData>() + size_of::<pg_sys::NullableDatum>(),
-            )
-            .cast::<pg_sys::FunctionCallInfoBaseData>();
-            (*fcinfo).nargs = 1;
-            (*fcinfo).args.as_mut_slice(1)[0] = pg_sys::NullableDatum {
-                value: pg_sys::Datum::from(oid),
-                isnull: false,
-            };
-            let value = pg_sys::pg_sequence_last_value(fcinfo);
-            let null = (*fcinfo).isnull;
-            pg_sys::pfree(fcinfo.cast());
-            (!null).then(|| value.value() as i64)
-        }
+        call(pg_sys::pg_sequence_last_value, self.oid()?)
+    }
+
+    /// Advance the sequence, as `nextval` does; `None` where it does not
+    /// exist. Raises as `nextval` does (no USAGE or UPDATE on it).
+    pub fn advance(&'static self) -> Option<i64> {
+        call(pg_sys::nextval_oid, self.oid()?)
+    }
+}
+
+/// Call a built-in V1 function of one `oid` argument returning `int8`.
+fn call(
+    function: unsafe fn(pg_sys::FunctionCallInfo) -> pg_sys::Datum,
+    oid: pg_sys::Oid,
+) -> Option<i64> {
+    // SAFETY: a zeroed call frame with room for the one argument the
+    // function reads; an error it raises unwinds through pgrx's guard like
+    // any SQL error.
+    unsafe {
+        let fcinfo = pg_sys::palloc0(
+            size_of::<pg_sys::FunctionCallInfoBaseData>() + size_of::<pg_sys::NullableDatum>(),
+        )
+        .cast::<pg_sys::FunctionCallInfoBaseData>();
+        (*fcinfo).nargs = 1;
+        (*fcinfo).args.as_mut_slice(1)[0] = pg_sys::NullableDatum {
+            value: pg_sys::Datum::from(oid),
+            isnull: false,
+        };
+        let value = function(fcinfo);
+        let null = (*fcinfo).isnull;
+        pg_sys::pfree(fcinfo.cast());
+        (!null).then(|| value.value() as i64)
     }
 }
