@@ -11,7 +11,8 @@ call with everything the backend does once (start-up, catalog caches, the
 first plan) taken out. Both sides run as prepared statements (PREPARE once,
 EXECUTE per call), as `pgbench -M prepared` and pooled drivers do; every
 EXECUTE is its own transaction, committed with fsync off. `done` reads its
-receipt with a sub-select on both sides.
+receipt with a sub-select on both sides. Each run's output is checked for
+errors: a statement that fails costs little and would count as a cheap call.
 
   scripts/instructions.py      (via `make instructions`; PG=18 for the other version)
 """
@@ -60,13 +61,30 @@ CASES = [
       "UPDATE seed.workflow_queue AS entry SET visible_at = now() + interval '1 minute' FROM due "
       "WHERE entry.namespace = 'instr' AND entry.workflow = due.workflow "
       "RETURNING entry.workflow, entry.visible_at;", "EXECUTE q;")),
+    # a backlog scheduled in one transaction (one visible_at for every row),
+    # each row taken and then done, as a worker does: each take walks past the
+    # entries of the rows done before it (see sql/queue.sql). The done finds
+    # the row just taken (the latest receipt) the same way on both sides.
+    ("take + done, a batch",
+     ("PREPARE q AS SELECT workflow, receipt FROM sturdy.take('batch', '1 minute');\n"
+      "PREPARE d AS SELECT sturdy.done(x.workflow, x.visible_at, 'batch') FROM (SELECT workflow, visible_at "
+      "FROM sturdy.queue WHERE queue = 'batch' ORDER BY visible_at DESC LIMIT 1) x;",
+      "EXECUTE q;\nEXECUTE d;"),
+     ("PREPARE q AS WITH due AS MATERIALIZED (SELECT workflow FROM seed.workflow_queue WHERE namespace = 'batch' "
+      "AND visible_at <= now() ORDER BY visible_at FOR UPDATE SKIP LOCKED LIMIT 1) "
+      "UPDATE seed.workflow_queue AS entry SET visible_at = now() + interval '1 minute' FROM due "
+      "WHERE entry.namespace = 'batch' AND entry.workflow = due.workflow "
+      "RETURNING entry.workflow, entry.visible_at;\n"
+      "PREPARE d AS DELETE FROM seed.workflow_queue q USING (SELECT workflow, visible_at FROM seed.workflow_queue "
+      "WHERE namespace = 'batch' ORDER BY visible_at DESC LIMIT 1) x "
+      "WHERE q.namespace = 'batch' AND q.workflow = x.workflow AND q.visible_at = x.visible_at;",
+      "EXECUTE q;\nEXECUTE d;")),
     ("done",
-     ("PREPARE q(text, timestamptz) AS SELECT sturdy.done($1, $2, 'instr');",
-      "EXECUTE q('j-{i}', (SELECT visible_at FROM sturdy.queue WHERE queue = 'instr' AND workflow = 'j-{i}'));"),
-     ("PREPARE q(text, timestamptz) AS DELETE FROM seed.workflow_queue "
-      "WHERE namespace = 'instr' AND workflow = $1 AND visible_at = $2;",
-      "EXECUTE q('j-{i}', (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' "
-      "AND workflow = 'j-{i}'));")),
+     ("PREPARE q(text) AS SELECT sturdy.done($1, (SELECT visible_at FROM sturdy.queue "
+      "WHERE queue = 'instr' AND workflow = $1), 'instr');", "EXECUTE q('j-{i}');"),
+     ("PREPARE q(text) AS DELETE FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1 "
+      "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1);",
+      "EXECUTE q('j-{i}');")),
 ]
 
 
@@ -77,10 +95,19 @@ def as_pg(cmd, **kw):
 
 
 # Run before each measured backend, in a backend of its own (not counted: its
-# cost depends on what the run before left): statistics that know the
-# backlog, as autovacuum would keep them (the hand-written TAKE joins back by
-# key and scans the whole queue per call without them).
-BEFORE = "ANALYZE sturdy.queue, seed.workflow_queue;"
+# cost depends on what the run before left): a fresh batch for "take, a
+# batch", and statistics that know the backlog, as autovacuum would keep them
+# (the hand-written TAKE joins back by key and scans the whole queue per call
+# without them).
+BEFORE = [
+    "DELETE FROM sturdy.queue WHERE queue = 'batch';",
+    "DELETE FROM seed.workflow_queue WHERE namespace = 'batch';",
+    "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
+    "SELECT 'batch', 'b-' || i, now() - interval '1 second', now() FROM generate_series(1, 1500) i;",
+    "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
+    "SELECT 'batch', 'b-' || i, now() - interval '1 second' FROM generate_series(1, 1500) i;",
+    "VACUUM ANALYZE sturdy.queue, seed.workflow_queue;",
+]
 
 
 def single_user(statements, valgrind=()):
@@ -92,8 +119,11 @@ def single_user(statements, valgrind=()):
 def instructions(name, statements):
     """Instructions a single-user backend spends on `statements`, one per line."""
     out = os.path.join(DIR, f"{name}.callgrind")
-    single_user([BEFORE])
-    single_user(statements, valgrind=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"))
+    single_user(BEFORE)
+    run = single_user(statements, valgrind=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"))
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if "ERROR:" in line]
+    if errors:
+        sys.exit(f"{name}: {len(errors)} statements failed, first: {errors[0]}")
     with open(out) as f:
         for line in f:
             if line.startswith("summary:") or line.startswith("totals:"):
