@@ -15,6 +15,8 @@ receipt with a sub-select on both sides. Each run's output is checked for
 errors: a statement that fails costs little and would count as a cheap call.
 
   scripts/instructions.py      (via `make instructions`; PG=18 for the other version)
+  INSTR_CASES=3,7              (only these calls, 1-based as listed in CASES, for an A/B of one
+                               change; keep the calls a case works on: done needs schedule's rows)
 """
 import os
 import re
@@ -147,7 +149,10 @@ def main():
     lines = [f"Instructions per call (callgrind, single-user backend, {version}, "
              f"prepared statements, ({LARGE} calls - {SMALL} calls) / {LARGE - SMALL}, each its own transaction):", "",
              "| call | pg_sturdy | the plain statement | pg_sturdy / plain |", "|---|---:|---:|---:|"]
-    for call, ours, plain in CASES:
+    only = os.environ.get("INSTR_CASES")
+    for n, (call, ours, plain) in enumerate(CASES, 1):
+        if only and str(n) not in only.split(","):
+            continue
         per = {}
         for side, (prepare, execute) in (("sturdy", ours), ("plain", plain)):
             small = instructions(f"{call}-{side}-small", [prepare] + [execute.format(i=i) for i in range(SMALL)])

@@ -50,8 +50,7 @@ static RENEW: Statement = Statement {
 static RELEASE: Statement = Statement {
     sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
            WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
-             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
-          RETURNING true",
+             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()",
     args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
     writes: true,
     generic: false,

@@ -233,24 +233,29 @@ static MARK_IDLE: Statement = Statement {
 };
 
 /// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
+/// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
+/// builds no result table (see [`DONE`]).
 static DONE_MANY: Statement = Statement {
-    sql: "WITH gone AS (
-              DELETE FROM sturdy.queue q
-               USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
-               WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
-                 AND q.visible_at OPERATOR(pg_catalog.=) d.receipt
-              RETURNING 1)
-          SELECT pg_catalog.count(*) FROM gone",
-    args: &[pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZARRAYOID, pg_sys::TEXTOID],
+    sql: "DELETE FROM sturdy.queue q
+           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
+           WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+             AND q.visible_at OPERATOR(pg_catalog.=) d.receipt",
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+        pg_sys::TEXTOID,
+    ],
     writes: true,
     generic: false,
 };
 
+/// Remove the row under the receipt rule. Whether it went is SPI's count of
+/// rows processed: a `RETURNING` would make SPI build a result table (a
+/// memory context and a copied tuple) for one bit of answer.
 static DONE: Statement = Statement {
     sql: "DELETE FROM sturdy.queue
            WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
-             AND visible_at OPERATOR(pg_catalog.=) $2
-          RETURNING true",
+             AND visible_at OPERATOR(pg_catalog.=) $2",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
@@ -710,9 +715,8 @@ fn done_many(
     run_one(
         &DONE_MANY,
         &[workflows.into(), receipts.into(), queue.into()],
-        first_value::<i64>,
+        |t| Ok(t.len() as i64),
     )
-    .map(|n| n.unwrap_or(0))
 }
 
 #[sql_function(
