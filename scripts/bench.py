@@ -62,11 +62,11 @@ CASES = [
     dict(name="claim + record, passes/s", sturdy="bench/sturdy_pass.sql", base="bench/seed_pass.sql",
          wrapper="bench/plpgsql_pass.sql"),
     dict(name="take(claim) + record + done vs TAKE + CLAIM + RECORD + FINISH, passes/s",
-         sturdy="bench/sturdy_worker_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(50000)),
+         sturdy="bench/sturdy_worker_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(200000)),
     dict(name="take(claim) + finish vs TAKE + CLAIM + RECORD + FINISH, passes/s",
-         sturdy="bench/sturdy_finish_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(50000)),
+         sturdy="bench/sturdy_finish_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(200000)),
     dict(name="take and done vs trivial write, transactions/s", sturdy="bench/sturdy_take_done.sql",
-         base="bench/trivial_write.sql", sturdy_per=2, before=backlog(60000)),
+         base="bench/trivial_write.sql", sturdy_per=2, before=backlog(200000)),
     dict(name="job cycle: schedule + take + done vs plain INSERT + TAKE + DELETE, cycles/s",
          sturdy="bench/sturdy_cycle.sql", base="bench/plain_cycle.sql", before=backlog(1000, "cycle")),
     dict(name="start vs trivial write, transactions/s", sturdy="bench/sturdy_start.sql",
@@ -75,11 +75,11 @@ CASES = [
          sturdy="bench/sturdy_start_key.sql", base="bench/trivial_write.sql"),
     dict(name="batches of 100: take + array done vs pgmq read + delete(bigint[]), jobs/s",
          sturdy="bench/sturdy_batch.sql", base="bench/pgmq_batch.sql", base_db="pgmq", sturdy_per=100,
-         base_per=100, before=backlog(600000), before_base="pgmq"),
+         base_per=100, before=backlog(1500000), before_base="pgmq"),
 ]
 REGIMES = os.environ.get("BENCH_REGIMES", "on,off").split(",")
 PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
-PGMQ_BACKLOG = 600000
+PGMQ_BACKLOG = 1500000
 ONLY = os.environ.get("BENCH_CASES")  # e.g. "1,2": run only these (1-based)
 
 CONN = ["-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres"]

@@ -1,14 +1,10 @@
 -- pg_sturdy 0.1.0 -> 0.2.0: the transactional outbox, workflow instances,
--- batch chunks, the health view, take's generation and its index without
--- deduplication. Every object 0.2.0 adds, in install order (drafted by
+-- batch chunks, the health view, take's generation and the idle epoch.
+-- Every object 0.2.0 adds, in install order (drafted by
 -- scripts/release_diff.py from the two versions' install scripts, then read
 -- by hand); grant_usage is replaced (it grants on ALL ROUTINES: batch_all is
 -- a procedure), and the revokes run again over the new objects.
 \echo Use "ALTER EXTENSION pg_sturdy UPDATE TO '0.2.0'" to load this file. \quit
-
--- take's index without deduplication (see sql/queue.sql). Entries already
--- merged into posting lists stay so until a REINDEX; new ones are not merged.
-ALTER INDEX sturdy.queue_visible SET (deduplicate_items = off);
 
 -- take's floor: the generation a past-dated schedule or wake_at bumps (see
 -- sql/queue.sql).
