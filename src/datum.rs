@@ -276,3 +276,95 @@ array_type!(
     TimestampArray,
     pg_sys::TIMESTAMPTZARRAYOID
 );
+
+/// One-dimensional arrays read element by element, without copies: the
+/// elements point into the array, which lives as long as the call's argument.
+impl TextArray {
+    /// Each element's bytes (`None` for NULL), in order. Only for an array
+    /// [`elements`](Self::elements) found one-dimensional.
+    pub fn each_bytes(&self) -> Vec<Option<&[u8]>> {
+        // SAFETY: a detoasted text[] (from_polymorphic_datum); text elements
+        // in an array are never compressed or external, and
+        // `varlena_to_byte_slice` reads 1- and 4-byte headers alike.
+        deconstruct(self.0, pg_sys::TEXTOID, -1, false, pg_sys::TYPALIGN_INT)
+            .into_iter()
+            .map(|d| d.map(|d| unsafe { pgrx::varlena::varlena_to_byte_slice(d.cast_mut_ptr()) }))
+            .collect()
+    }
+}
+
+impl TimestampArray {
+    /// Each element (`None` for NULL), in order.
+    pub fn each(&self) -> Vec<Option<pg_sys::TimestampTz>> {
+        // timestamptz is 8 bytes, passed by value
+        deconstruct(
+            self.0,
+            pg_sys::TIMESTAMPTZOID,
+            8,
+            true,
+            pg_sys::TYPALIGN_DOUBLE,
+        )
+        .into_iter()
+        .map(|d| d.map(|d| d.value() as pg_sys::TimestampTz))
+        .collect()
+    }
+}
+
+fn deconstruct(
+    array: pg_sys::Datum,
+    elmtype: pg_sys::Oid,
+    elmlen: i32,
+    byval: bool,
+    align: u8,
+) -> Vec<Option<pg_sys::Datum>> {
+    let mut elems: *mut pg_sys::Datum = std::ptr::null_mut();
+    let mut nulls: *mut bool = std::ptr::null_mut();
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: `array` is a detoasted array of `elmtype`, whose length, by-value
+    // flag and alignment are the ones passed; the two arrays deconstruct_array
+    // pallocs hold `n` entries each.
+    unsafe {
+        pg_sys::deconstruct_array(
+            array.cast_mut_ptr(),
+            elmtype,
+            elmlen,
+            byval,
+            align as std::ffi::c_char,
+            &mut elems,
+            &mut nulls,
+            &mut n,
+        );
+        (0..n as usize)
+            .map(|i| (!*nulls.add(i)).then(|| *elems.add(i)))
+            .collect()
+    }
+}
+
+array_type!(
+    /// A `tid[]`: where row versions live, for a statement that goes straight
+    /// to them.
+    TidArray,
+    pg_sys::TIDARRAYOID
+);
+impl TidArray {
+    /// A new tid[] of `tids`, allocated in the current memory context.
+    pub fn new(tids: &[pg_sys::ItemPointerData]) -> TidArray {
+        let mut datums: Vec<pg_sys::Datum> = tids
+            .iter()
+            .map(|t| pg_sys::Datum::from(t as *const pg_sys::ItemPointerData))
+            .collect();
+        // SAFETY: each datum points at a 6-byte ItemPointerData (tid is passed
+        // by reference, short-aligned); construct_array copies them.
+        let array = unsafe {
+            pg_sys::construct_array(
+                datums.as_mut_ptr(),
+                datums.len() as i32,
+                pg_sys::TIDOID,
+                std::mem::size_of::<pg_sys::ItemPointerData>() as i32,
+                false,
+                pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
+            )
+        };
+        TidArray(pg_sys::Datum::from(array))
+    }
+}

@@ -227,6 +227,32 @@ impl Rows {
         self.len == 0
     }
 
+    /// The bytes of the `text` in column `col` (from 1) of row `row` (from
+    /// 0), read in place in SPI's memory (no copy: they are good while these
+    /// rows are), `None` when NULL (or out of range).
+    pub fn text_bytes(&self, row: usize, col: usize) -> Option<&[u8]> {
+        if row >= self.len || self.table.is_null() {
+            return None;
+        }
+        // SAFETY: as in `get`; the column is checked to be `text`, whose
+        // values in a result tuple are detoasted (1- or 4-byte headers, which
+        // `varlena_to_byte_slice` reads alike), and the tuple lives as long as
+        // `self`'s connection.
+        unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            let desc = (*self.table).tupdesc;
+            if col < 1
+                || col > (*desc).natts as usize
+                || pg_sys::SPI_gettypeid(desc, col as i32) != pg_sys::TEXTOID
+            {
+                return None;
+            }
+            let mut isnull = false;
+            let datum = pg_sys::SPI_getbinval(tuple, desc, col as i32, &mut isnull);
+            (!isnull).then(|| pgrx::varlena::varlena_to_byte_slice(datum.cast_mut_ptr()))
+        }
+    }
+
     /// Column `col` (from 1) of row `row` (from 0), `None` when NULL (or out
     /// of range). Values that point into the row (`text`, `jsonb`, rows) are
     /// copied out of SPI's memory, as pgrx's own reader copies them, so they
