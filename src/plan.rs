@@ -227,30 +227,54 @@ impl Rows {
         self.len == 0
     }
 
-    /// The bytes of the `text` in column `col` (from 1) of row `row` (from
-    /// 0), read in place in SPI's memory (no copy: they are good while these
-    /// rows are), `None` when NULL (or out of range).
-    pub fn text_bytes(&self, row: usize, col: usize) -> Option<&[u8]> {
+    /// The `timestamptz` in column `col` (from 1) of row `row` (from 0), read
+    /// in place: `None` when NULL, out of range or of another type.
+    pub fn timestamptz(&self, row: usize, col: usize) -> Option<pg_sys::TimestampTz> {
+        self.value(row, col, pg_sys::TIMESTAMPTZOID)
+            .map(|d| d.value() as pg_sys::TimestampTz)
+    }
+
+    /// The `tid` in column `col` (from 1) of row `row` (from 0), copied out:
+    /// `None` when NULL, out of range or of another type.
+    pub fn tid(&self, row: usize, col: usize) -> Option<pg_sys::ItemPointerData> {
+        // SAFETY: a non-null tid datum points at an ItemPointerData in the
+        // tuple, alive while `self` is; read unaligned, as it is packed.
+        self.value(row, col, pg_sys::TIDOID).map(|d| unsafe {
+            std::ptr::read_unaligned(d.cast_mut_ptr::<pg_sys::ItemPointerData>())
+        })
+    }
+
+    /// The datum in column `col` (from 1) of row `row` (from 0) as it lies in
+    /// SPI's memory, when the column has type `oid` and the value is not NULL.
+    fn value(&self, row: usize, col: usize, oid: pg_sys::Oid) -> Option<pg_sys::Datum> {
         if row >= self.len || self.table.is_null() {
             return None;
         }
-        // SAFETY: as in `get`; the column is checked to be `text`, whose
-        // values in a result tuple are detoasted (1- or 4-byte headers, which
-        // `varlena_to_byte_slice` reads alike), and the tuple lives as long as
-        // `self`'s connection.
+        // SAFETY: as in `get`.
         unsafe {
             let tuple = *(*self.table).vals.add(row);
             let desc = (*self.table).tupdesc;
             if col < 1
                 || col > (*desc).natts as usize
-                || pg_sys::SPI_gettypeid(desc, col as i32) != pg_sys::TEXTOID
+                || pg_sys::SPI_gettypeid(desc, col as i32) != oid
             {
                 return None;
             }
             let mut isnull = false;
             let datum = pg_sys::SPI_getbinval(tuple, desc, col as i32, &mut isnull);
-            (!isnull).then(|| pgrx::varlena::varlena_to_byte_slice(datum.cast_mut_ptr()))
+            (!isnull).then_some(datum)
         }
+    }
+
+    /// The bytes of the `text` in column `col` (from 1) of row `row` (from
+    /// 0), read in place in SPI's memory (no copy: they are good while these
+    /// rows are), `None` when NULL (or out of range).
+    pub fn text_bytes(&self, row: usize, col: usize) -> Option<&[u8]> {
+        // SAFETY: a text value in a result tuple is detoasted (1- or 4-byte
+        // header, which `varlena_to_byte_slice` reads alike) and lives as
+        // long as `self`'s connection.
+        self.value(row, col, pg_sys::TEXTOID)
+            .map(|d| unsafe { pgrx::varlena::varlena_to_byte_slice(d.cast_mut_ptr()) })
     }
 
     /// Column `col` (from 1) of row `row` (from 0), `None` when NULL (or out
