@@ -156,7 +156,7 @@ static TAKE_ONE: Statement = Statement {
         " LIMIT 1",
         take_lease!("(SELECT ctid FROM due)"),
         "
-          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due), tid
+          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due)
             FROM taken"
     ),
     args: TAKE_ARGS,
@@ -171,7 +171,7 @@ static TAKE_ONE_CLAIM: Statement = Statement {
         take_lease!("(SELECT ctid FROM due)"),
         take_claim!(),
         "
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due), t.tid
+          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due)
             FROM taken t"
     ),
     args: TAKE_ARGS,
@@ -269,21 +269,6 @@ static DONE_LEASED: Statement = Statement {
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TEXTOID,
         pg_sys::TIDARRAYOID,
-    ],
-    writes: true,
-    generic: true,
-};
-
-/// [`DONE_LEASED`] for one row: `$4` is its tuple id.
-static DONE_ONE_LEASED: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue
-           WHERE ctid OPERATOR(pg_catalog.=) $4 AND (workflow OPERATOR(pg_catalog.=) $1) IS TRUE
-             AND queue OPERATOR(pg_catalog.=) $3 AND visible_at OPERATOR(pg_catalog.=) $2",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TEXTOID,
-        pg_sys::TIDOID,
     ],
     writes: true,
     generic: true,
@@ -517,13 +502,15 @@ struct Taken {
     oldest: Option<pg_sys::TimestampTz>,
 }
 
-/// The rows this backend's last take leased, by workflow: where each one's
-/// leased version lives (its tuple id), and the receipt they share (one
-/// `now()` and one lease for the whole take). A `done` of them, the worker's
-/// next call, goes straight to those versions ([`DONE_LEASED`],
-/// [`DONE_ONE_LEASED`]) instead of descending the primary key, once per row
-/// for a batch (random workflow names: about five pages a row, measured in
-/// bench/README.md).
+/// The rows this backend's last batch take leased, by workflow: where each
+/// one's leased version lives (its tuple id), and the receipt they share (one
+/// `now()` and one lease for the whole take). An array `done` of them, the
+/// batch worker's next call, goes straight to those versions
+/// ([`DONE_LEASED`]) instead of descending the primary key once per row
+/// (random workflow names: about five pages a row, measured in
+/// bench/README.md). A one-row take keeps nothing: the same shortcut for the
+/// single `done` cost fewer instructions but measured no faster (slower in
+/// 6 of 8 rounds of the worker pass, bench/README.md).
 ///
 /// Only ever a shortcut: each version is checked for its workflow, queue and
 /// receipt as it is deleted, and whatever it did not remove (a row
@@ -543,7 +530,7 @@ thread_local! {
     static BY_TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Remember the rows a take statement leased (columns 1, 2 and 5).
+/// Remember the rows a batch take statement leased (columns 1, 2 and 5).
 fn lease_rows(queue: Name, r: &plan::Rows) {
     LEASED.with(|l| {
         let mut leased = l.borrow_mut();
@@ -573,6 +560,7 @@ fn take_from(
     lease: Interval,
     max: i64,
     from: pg_sys::TimestampTz,
+    batch: bool,
 ) -> Result<Taken> {
     let from =
         TimestampWithTimeZone::try_from(from).unwrap_or(TimestampWithTimeZone::negative_infinity());
@@ -581,7 +569,9 @@ fn take_from(
         stmt,
         &[queue.into(), lease.into(), max.into(), from.into()],
         |r| {
-            lease_rows(queue, &r);
+            if batch {
+                lease_rows(queue, &r);
+            }
             (0..r.len()).filter_map(|i| r.timestamptz(i, 4)).min()
         },
     )?;
@@ -612,7 +602,10 @@ fn take(
         (_, false) => &TAKE_MANY,
         (_, true) => &TAKE_MANY_CLAIM,
     };
-    LEASED.with(|l| *l.borrow_mut() = None);
+    let batch = max > 1;
+    if batch {
+        LEASED.with(|l| *l.borrow_mut() = None);
+    }
     let start = Instant::now();
     // Read before any scan: a past-dated write that bumps it after this
     // point is found by the next take.
@@ -634,12 +627,12 @@ fn take(
     });
     let (mut taken, mut full, may_rescan) = match floor {
         Some((at, may)) => (
-            take_from(call, stmt, queue, lease, max.into(), at)?,
+            take_from(call, stmt, queue, lease, max.into(), at, batch)?,
             None,
             may,
         ),
         None => {
-            let t = take_from(call, stmt, queue, lease, max.into(), i64::MIN)?;
+            let t = take_from(call, stmt, queue, lease, max.into(), i64::MIN, batch)?;
             (t, Some(start.elapsed()), true)
         }
     };
@@ -647,7 +640,7 @@ fn take(
         // Came up short from the floor: the start decides.
         let again = Instant::now();
         let left = (max as usize - taken.rows) as i64;
-        let more = take_from(call, stmt, queue, lease, left, i64::MIN)?;
+        let more = take_from(call, stmt, queue, lease, left, i64::MIN, batch)?;
         full = Some(again.elapsed());
         taken = Taken {
             rows: taken.rows + more.rows,
@@ -754,40 +747,11 @@ fn done(
     let workflow = args::name("workflow", workflow)?;
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
-    if let Some(tid) = leased_tid(workflow, receipt.into(), queue) {
-        #[cfg(any(test, feature = "pg_test"))]
-        BY_TID.with(|n| n.set(n.get() + 1));
-        let removed = plan::run_generic(
-            &DONE_ONE_LEASED,
-            &[workflow.into(), receipt.into(), queue.into(), tid.into()],
-            |r| Ok(!r.is_empty()),
-        )?;
-        if removed {
-            return Ok(true);
-        }
-    }
     run_one(
         &DONE,
         &[workflow.into(), receipt.into(), queue.into()],
         |t| Ok(!t.is_empty()),
     )
-}
-
-/// Where the leased version of `workflow` lives, when it is a row of this
-/// backend's last take, in `queue`, with that take's receipt (see [`Leased`]).
-fn leased_tid(
-    workflow: Name,
-    receipt: pg_sys::TimestampTz,
-    queue: Name,
-) -> Option<pg_sys::ItemPointerData> {
-    LEASED.with(|l| {
-        let leased = l.borrow();
-        let leased = leased.as_ref()?;
-        if leased.receipt != Some(receipt) || leased.queue != queue.bytes() {
-            return None;
-        }
-        leased.rows.get(workflow.bytes()).copied()
-    })
 }
 
 #[sql_function(
@@ -1147,45 +1111,6 @@ mod tests {
             one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t"),
             Some(false)
         );
-    }
-
-    #[pg_test]
-    fn done_after_this_backends_take_goes_to_the_leased_version() {
-        Spi::run(
-            "SELECT sturdy.schedule('v' || i, now() - i * interval '1 second', 'one') FROM generate_series(1, 3) i",
-        )
-        .unwrap();
-        let by_tid = || super::BY_TID.with(|n| n.get());
-        let before = by_tid();
-        Spi::run("CREATE TEMP TABLE t1 AS SELECT * FROM sturdy.take('one')").unwrap();
-        assert_eq!(
-            one::<bool>("SELECT sturdy.done(workflow, receipt, 'one') FROM t1"),
-            Some(true)
-        );
-        assert_eq!(by_tid(), before + 1, "by tuple id");
-        // the version moved without its receipt changing: by key, still removed
-        Spi::run("CREATE TEMP TABLE t2 AS SELECT * FROM sturdy.take('one')").unwrap();
-        Spi::run(
-            "UPDATE sturdy.queue SET takes = takes WHERE workflow = (SELECT workflow FROM t2)",
-        )
-        .unwrap();
-        assert_eq!(
-            one::<bool>("SELECT sturdy.done(workflow, receipt, 'one') FROM t2"),
-            Some(true)
-        );
-        assert_eq!(by_tid(), before + 2);
-        // an older take's row, another queue's name: by key only
-        Spi::run("CREATE TEMP TABLE t3 AS SELECT * FROM sturdy.take('one')").unwrap();
-        assert_eq!(
-            one::<bool>("SELECT sturdy.done(workflow, receipt, 'other') FROM t3"),
-            Some(false)
-        );
-        assert_eq!(by_tid(), before + 2);
-        assert_eq!(
-            one::<bool>("SELECT sturdy.done(workflow, receipt, 'one') FROM t3"),
-            Some(true)
-        );
-        assert_eq!(count("sturdy.queue"), 0);
     }
 
     #[pg_test]
