@@ -39,6 +39,7 @@ mod checkpoint;
 mod claim;
 mod outbox;
 mod queue;
+mod rescan;
 mod workflow;
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -51,6 +51,7 @@ use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
+use crate::rescan::{Rescans, SLACK, ScanFrom};
 
 /// Upsert the row to `visible_at`, forgetting any lease on it. The statement
 /// a team would write, and nothing else: whether the row is ready, the
@@ -437,62 +438,25 @@ fn schedule(
 /// changed scans from the start), a write committed more than `SLACK` after
 /// its `visible_at` while the queue moved on, or a take of it rolled back.
 /// For those, a take scans from the start when it comes up short, on a
-/// generation change, and at least every `max(1 s, 100 × c)`, where `c` is
-/// the lesser cost of the backend's last two scans from the start. Once `c`
-/// passes [`CHEAP_SCAN`], scans from the start are limited to one per
-/// `100 × c`, so they never take more than about 1% of the backend's time,
-/// however many dead entries a pinned xmin keeps. With a healthy vacuum `c`
-/// is well under that: every short take and every generation change scans
-/// from the start, and FIFO order is exact but for a row whose write
-/// committed more than `SLACK` after its `visible_at` behind a busy queue
-/// (or whose take rolled back), which waits at most a second.
+/// generation change, and on the schedule of [`Rescans`] (at least every
+/// second; rate-limited once such scans get costly). With a healthy vacuum
+/// every short take and every generation change scans from the start, and
+/// FIFO order is exact but for a row whose write committed more than `SLACK`
+/// after its `visible_at` behind a busy queue (or whose take rolled back),
+/// which waits at most a second.
 struct Floor {
     /// Scan from this `visible_at`.
     at: pg_sys::TimestampTz,
     /// The generation the floor holds for (`None`: unknown, it holds for none).
     generation: Option<i64>,
-    /// When the last scan from the start ended.
-    full_at: Instant,
-    /// What the last scan from the start took, and the lesser of that and the
-    /// one before (`c`): a single slow one (the statement's first run
-    /// prepares it; a lock wait, a stall) does not count.
-    last_cost: Duration,
-    full_cost: Duration,
+    rescans: Rescans,
 }
-
-/// How far below the oldest row it took a backend's floor sits: room for
-/// writes that commit a little after their `visible_at`, in a different
-/// order than their timestamps.
-const SLACK: pg_sys::TimestampTz = 100_000; // µs
-
-/// A scan from the start that costs less than this is not rate-limited:
-/// whenever a take comes up short or sees the generation change, it scans
-/// from the start, and FIFO order is exact.
-const CHEAP_SCAN: Duration = Duration::from_millis(10);
 
 /// Queues a backend keeps floors for; past this many it forgets them all.
 const FLOORS_KEPT: usize = 1024;
 
 thread_local! {
     static FLOORS: RefCell<HashMap<Vec<u8>, Floor>> = RefCell::new(HashMap::new());
-}
-
-impl Floor {
-    /// Scans from the start are rate-limited to one per this long, once they
-    /// cost more than [`CHEAP_SCAN`].
-    fn rescan_gap(&self) -> Duration {
-        if self.full_cost < CHEAP_SCAN {
-            Duration::ZERO
-        } else {
-            self.full_cost.saturating_mul(100)
-        }
-    }
-
-    /// At the latest this long after the last scan from the start, the next.
-    fn rescan_due(&self) -> Duration {
-        self.rescan_gap()
-            .clamp(Duration::from_secs(1), Duration::from_secs(600))
-    }
 }
 
 /// What one take statement handed out.
@@ -613,17 +577,17 @@ fn take(
     // From the floor, or from the start; and whether a short take may go
     // back to the start. Rate-limited, the floor holds whatever the
     // generation; otherwise only for the generation it was found under.
-    let floor = FLOORS.with(|f| match f.borrow().get(queue.bytes()) {
-        Some(fl) if start < fl.full_at + fl.rescan_due() => {
-            if start < fl.full_at + fl.rescan_gap() {
-                Some((fl.at, false))
-            } else if fl.generation.is_some() && fl.generation == generation {
+    let floor = FLOORS.with(|f| {
+        let floors = f.borrow();
+        let fl = floors.get(queue.bytes())?;
+        match fl.rescans.next(start) {
+            ScanFrom::Start => None,
+            ScanFrom::Floor(false) => Some((fl.at, false)),
+            ScanFrom::Floor(true) if fl.generation.is_some() && fl.generation == generation => {
                 Some((fl.at, true))
-            } else {
-                None
             }
+            ScanFrom::Floor(true) => None,
         }
-        _ => None,
     });
     let (mut taken, mut full, may_rescan) = match floor {
         Some((at, may)) => (
@@ -676,9 +640,7 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
             (Some(fl), Some(cost)) => {
                 fl.at = found.unwrap_or(now.saturating_sub(SLACK));
                 fl.generation = generation;
-                fl.full_at = Instant::now();
-                fl.full_cost = cost.min(fl.last_cost);
-                fl.last_cost = cost;
+                fl.rescans.again(cost);
             }
             (None, Some(cost)) => {
                 if floors.len() >= FLOORS_KEPT {
@@ -689,9 +651,7 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
                     Floor {
                         at: found.unwrap_or(now.saturating_sub(SLACK)),
                         generation,
-                        full_at: Instant::now(),
-                        last_cost: cost,
-                        full_cost: Duration::ZERO,
+                        rescans: Rescans::first(cost),
                     },
                 );
             }

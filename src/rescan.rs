@@ -1,0 +1,123 @@
+//! When a scan that starts at a remembered floor goes back to the start.
+//!
+//! `take` and `pump` read an index in time order (`visible_at`,
+//! `next_attempt_at`) whose front fills with the entries of rows already
+//! handed out: deleted or updated versions that vacuum has not removed yet,
+//! or cannot while a snapshot older than them lives. A scan from the start
+//! walks all of them, every call. So each backend keeps a floor, [`SLACK`]
+//! below the oldest row its last scan found, and scans from there; rows that
+//! are due below the floor (a write committed late, a lock released by a
+//! rollback) are found by a scan from the start, which each caller runs when
+//! it comes up short and at least every `max(1 s, 100 × c)`, where `c` is
+//! the lesser cost of the last two scans from the start. Once `c` passes
+//! [`CHEAP_SCAN`], scans from the start are limited to one per `100 × c`, so
+//! they never take more than about 1% of the backend's time however many
+//! dead entries there are. This module is that schedule; what a floor is
+//! and when else it is void is the caller's.
+
+use std::time::{Duration, Instant};
+
+use pgrx::pg_sys;
+
+/// How far below the oldest row it found a floor sits: room for writes that
+/// commit a little after their timestamp, in a different order than their
+/// timestamps.
+pub const SLACK: pg_sys::TimestampTz = 100_000; // µs
+
+/// A scan from the start that costs less than this is not rate-limited:
+/// whenever a scan from the floor comes up short, one from the start follows.
+pub const CHEAP_SCAN: Duration = Duration::from_millis(10);
+
+/// The last scans from the start: when, and what they cost.
+#[derive(Clone, Copy, Debug)]
+pub struct Rescans {
+    /// When the last scan from the start ended.
+    at: Instant,
+    /// What the last one took, and the lesser of that and the one before
+    /// (`c`): a single slow one (a statement's first run prepares it; a lock
+    /// wait, a stall) does not count.
+    last_cost: Duration,
+    full_cost: Duration,
+}
+
+/// Where the next scan starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanFrom {
+    /// From the start: the last one is too long ago.
+    Start,
+    /// From the floor; `true` when a scan that comes up short may go on from
+    /// the start (not rate-limited now).
+    Floor(bool),
+}
+
+impl Rescans {
+    /// The first scan from the start, just run at a cost of `cost`.
+    pub fn first(cost: Duration) -> Self {
+        Rescans {
+            at: Instant::now(),
+            last_cost: cost,
+            full_cost: Duration::ZERO,
+        }
+    }
+
+    /// Another scan from the start, just run at a cost of `cost`.
+    pub fn again(&mut self, cost: Duration) {
+        self.at = Instant::now();
+        self.full_cost = cost.min(self.last_cost);
+        self.last_cost = cost;
+    }
+
+    /// Where a scan starting at `now` starts.
+    pub fn next(&self, now: Instant) -> ScanFrom {
+        if now >= self.at + self.due() {
+            ScanFrom::Start
+        } else {
+            ScanFrom::Floor(now >= self.at + self.gap())
+        }
+    }
+
+    /// Scans from the start are rate-limited to one per this long, once they
+    /// cost more than [`CHEAP_SCAN`].
+    fn gap(&self) -> Duration {
+        if self.full_cost < CHEAP_SCAN {
+            Duration::ZERO
+        } else {
+            self.full_cost.saturating_mul(100)
+        }
+    }
+
+    /// At the latest this long after the last scan from the start, the next.
+    fn due(&self) -> Duration {
+        self.gap()
+            .clamp(Duration::from_secs(1), Duration::from_secs(600))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cheap_scans_from_the_start_follow_every_short_scan_and_come_every_second() {
+        let r = Rescans::first(Duration::from_millis(1));
+        assert_eq!(r.next(r.at), ScanFrom::Floor(true));
+        assert_eq!(
+            r.next(r.at + Duration::from_millis(999)),
+            ScanFrom::Floor(true)
+        );
+        assert_eq!(r.next(r.at + Duration::from_secs(1)), ScanFrom::Start);
+    }
+
+    #[test]
+    fn costly_scans_from_the_start_are_one_per_hundred_times_their_cost() {
+        let mut r = Rescans::first(Duration::from_millis(50));
+        // one costly scan alone is not `c`: the lesser of the last two is
+        assert_eq!(r.next(r.at), ScanFrom::Floor(true));
+        r.again(Duration::from_millis(40));
+        assert_eq!(
+            r.next(r.at + Duration::from_secs(3)),
+            ScanFrom::Floor(false)
+        );
+        assert_eq!(r.next(r.at + Duration::from_secs(4)), ScanFrom::Start);
+    }
+}
