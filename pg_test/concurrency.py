@@ -414,6 +414,48 @@ def test_four_pumps_deliver_five_thousand_exactly_once_and_in_order():
     assert states == [("done", total)], states
 
 
+def test_a_late_emit_below_a_busy_pumps_floor_is_delivered_within_seconds():
+    """pump scans from a floor just below the oldest head it found last. An
+    emit whose transaction commits a second after its now() is due below the
+    floor of a pump that kept finding newer deliveries meanwhile (each round
+    emits one and pumps one, so no call comes up short): that pump must still
+    deliver it, once, by its periodic scan from the start."""
+    with connect() as c:
+        fresh_outbox(c, "floor")
+    started, got = threading.Event(), {}
+
+    def busy_pump():
+        with psycopg.connect(DSN, autocommit=True, application_name="busy-pump") as c:
+            c.execute("SELECT sturdy.emit('floor', to_jsonb(i)) FROM generate_series(1, 20) i")
+            started.set()
+            end = time.monotonic() + 10
+            while time.monotonic() < end and "late" not in got:
+                c.execute("SELECT sturdy.emit('floor', '\"busy\"')")
+                c.execute("SELECT * FROM sturdy.pump(1)")
+                (late,) = c.execute(
+                    "SELECT count(*) FROM public.outbox_log l JOIN sturdy.outbox o ON o.id = l.outbox"
+                    " WHERE o.payload = '\"late\"'").fetchone()
+                if late:
+                    got["late"] = time.monotonic()
+
+    worker = threading.Thread(target=busy_pump)
+    worker.start()
+    started.wait(5)
+    with connect(autocommit=False) as a:
+        a.execute("SELECT sturdy.emit('floor', '\"late\"')")
+        time.sleep(1.0)
+        a.commit()
+        committed = time.monotonic()
+    worker.join()
+    assert "late" in got, "an emit committed below the floor was never delivered"
+    with connect() as c:
+        (times,) = c.execute(
+            "SELECT count(*) FROM public.outbox_log l JOIN sturdy.outbox o ON o.id = l.outbox"
+            " WHERE o.payload = '\"late\"'").fetchone()
+    assert times == 1, f"delivered {times} times"
+    print(f"     late emit delivered {got['late'] - committed:.2f} s after its commit")
+
+
 def test_an_emit_wakes_an_idle_listening_pump_only_after_commit():
     """A pump loop that found nothing LISTENs on sturdy_outbox; an emit in
     another session notifies it at commit (with the event name), once."""
