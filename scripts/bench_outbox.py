@@ -15,8 +15,13 @@ Two subscribers: one that does nothing, one that inserts a row. Each side
 drains a backlog of BENCH_OUTBOX_N deliveries, 100 per call, each call its own
 transaction, with synchronous_commit on and off. Not a test: it reports.
 
+Then a long backlog: BENCH_OUTBOX_BACKLOG deliveries emitted at once and
+drained by pump(100) in a procedure (a COMMIT per call), reporting the cost
+per delivery of the first and the last tenth: what settled deliveries left in
+the due index costs the pumps that follow (0 skips it).
+
   scripts/bench_outbox.py           (part of `make bench`)
-  BENCH_OUTBOX_N=10000 BENCH_OUTBOX_REPS=3 BENCH_REGIMES=on,off (the defaults)
+  BENCH_OUTBOX_N=10000 BENCH_OUTBOX_REPS=3 BENCH_REGIMES=on,off BENCH_OUTBOX_BACKLOG=200000 (the defaults)
 """
 import os
 import statistics
@@ -35,6 +40,7 @@ AFLIB_DIR = os.environ.get("AFLIB_DIR", "/opt/pg_sturdy/aflib")
 PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 DSN = f"host={os.path.join(DIR, 'cluster')} port={PORT} user=postgres dbname=postgres"
 BATCH = 100
+BACKLOG = int(os.environ.get("BENCH_OUTBOX_BACKLOG", "200000"))
 
 SETUP = """
 CREATE EXTENSION pg_sturdy;
@@ -49,6 +55,24 @@ DECLARE m sturdy.outbox;
 BEGIN
   FOR m IN SELECT * FROM sturdy.outbox WHERE id BETWEEN a AND b ORDER BY id LOOP
     IF sub = 'noop' THEN PERFORM bench.noop(m, 1); ELSE PERFORM bench.insert(m, 1); END IF;
+  END LOOP;
+END $$;
+-- the long backlog: pump(100) until nothing is left, a COMMIT per call;
+-- the µs per delivery of each tenth of the backlog
+CREATE PROCEDURE bench.drain_tenths(total int, INOUT tenths float8[] DEFAULT NULL) LANGUAGE plpgsql AS $$
+DECLARE s int; done_ int := 0; mark int := total / 10; t0 timestamptz := clock_timestamp();
+BEGIN
+  tenths := '{}';
+  LOOP
+    SELECT seen INTO s FROM sturdy.pump(100);
+    COMMIT;
+    EXIT WHEN s = 0;
+    done_ := done_ + s;
+    IF done_ >= mark THEN
+      tenths := tenths || extract(epoch FROM clock_timestamp() - t0) * 1e6 / (total / 10);
+      t0 := clock_timestamp();
+      mark := mark + total / 10;
+    END IF;
   END LOOP;
 END $$;
 -- a hand-written pump on pg_sturdy's tables
@@ -115,10 +139,10 @@ def connect(regime):
     return psycopg.connect(DSN, autocommit=True, options=f"-c synchronous_commit={regime}")
 
 
-def fill_sturdy(c, sub):
+def fill_sturdy(c, sub, n=N):
     c.execute("TRUNCATE sturdy.subscriptions, sturdy.outbox, bench.sink CASCADE")
     c.execute("SELECT sturdy.subscribe('bench', %s::regprocedure)", (f"bench.{sub}(sturdy.outbox, integer)",))
-    c.execute("SELECT count(*) FROM generate_series(1, %s) i, LATERAL sturdy.emit('bench', to_jsonb(i))", (N,))
+    c.execute("SELECT count(*) FROM generate_series(1, %s) i, LATERAL sturdy.emit('bench', to_jsonb(i))", (n,))
     c.execute("VACUUM ANALYZE sturdy.outbox, sturdy.deliveries")
 
 
@@ -197,12 +221,21 @@ def main():
                             results.setdefault((regime, sub, name), []).append(us)
                             print(f"rep {rep + 1} sync {regime:3} {sub:6} {name:15} {us:8.1f} µs/delivery",
                                   flush=True)
-        report(results, have_aflib)
+        backlog = {}
+        if BACKLOG:
+            for regime in REGIMES:
+                with connect(regime) as c:
+                    fill_sturdy(c, "noop", BACKLOG)
+                    (tenths,) = c.execute("CALL bench.drain_tenths(%s)", (BACKLOG,)).fetchone()
+                    backlog[regime] = tenths
+                    print(f"backlog sync {regime:3} µs/delivery by tenth: "
+                          + " ".join(f"{t:.1f}" for t in tenths), flush=True)
+        report(results, have_aflib, backlog)
     finally:
         cluster("stop")
 
 
-def report(results, have_aflib):
+def report(results, have_aflib, backlog):
     med = {k: statistics.median(v) for k, v in results.items()}
     lines = [
         f"Outbox: µs per delivery, draining {N:,} deliveries {BATCH} per call (one transaction each), "
@@ -218,6 +251,17 @@ def report(results, have_aflib):
             h, a = med[(regime, sub, "PL/pgSQL pump")], med.get((regime, sub, "aflib pump"))
             af = f"{a:.1f} | {a / p:.1f}x" if have_aflib else "skipped | "
             lines.append(f"| {regime} | {sub} | {p:.1f} | {f:.1f} | {p / f:.2f}x | {h:.1f} | {h / p:.2f}x | {af} |")
+    if backlog:
+        lines += [
+            "",
+            f"A backlog of {BACKLOG:,} deliveries emitted at once, drained by pump(100) in a procedure "
+            "(COMMIT per call), noop subscriber, µs per delivery:",
+            "",
+            "| synchronous_commit | first tenth | last tenth | last / first |",
+            "|---|---:|---:|---:|",
+        ]
+        for regime, tenths in backlog.items():
+            lines.append(f"| {regime} | {tenths[0]:.1f} | {tenths[-1]:.1f} | {tenths[-1] / tenths[0]:.2f}x |")
     text = "\n".join(lines)
     os.makedirs(DIR, exist_ok=True)
     with open(os.path.join(DIR, "results.md"), "w") as out:
