@@ -65,9 +65,15 @@ def catalog(c):
     return {name: sorted(repr(r) for r in c.execute(q).fetchall()) for name, q in CATALOG.items()}
 
 
+# Each table's rows, in the columns every version has (0.2.0 adds
+# queue.seq, filled in by the update).
+KEPT = {"claims": "r", "checkpoints": "r",
+        "queue": "(r.queue, r.workflow, r.visible_at, r.taken_at, r.takes, r.scheduled_at)"}
+
+
 def rows(c):
-    return {t: c.execute(f"SELECT coalesce(string_agg(r::text, ',' ORDER BY r::text), '') FROM sturdy.{t} r"
-                         ).fetchone()[0] for t in ("claims", "checkpoints", "queue")}
+    return {t: c.execute(f"SELECT coalesce(string_agg({cols}::text, ',' ORDER BY {cols}::text), '') FROM sturdy.{t} r"
+                         ).fetchone()[0] for t, cols in KEPT.items()}
 
 
 def main():

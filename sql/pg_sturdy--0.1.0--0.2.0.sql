@@ -18,8 +18,19 @@ CREATE SEQUENCE sturdy.queue_idle;
 COMMENT ON SEQUENCE sturdy.queue_idle IS
     'Bumped by every take that finds its queue empty and marks it in queue_waiters: schedules look for marks only after it moves.';
 SELECT pg_catalog.nextval('sturdy.queue_idle');
+-- take's order among rows with one visible_at, and the exact floor it allows
+-- (see sql/queue.sql); the rows there get theirs as the table is rewritten.
+CREATE SEQUENCE sturdy.queue_seq;
+ALTER TABLE sturdy.queue
+    ADD COLUMN seq bigint NOT NULL DEFAULT pg_catalog.nextval('sturdy.queue_seq'::pg_catalog.regclass);
+ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
+DROP INDEX sturdy.queue_visible;
+CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');
+COMMENT ON SEQUENCE sturdy.queue_seq IS 'sturdy.queue.seq (kept by pg_dump, so new rows come after the restored ones).';
+COMMENT ON COLUMN sturdy.queue.seq IS 'Arrival order, given when the row is inserted: take hands out rows with the same visible_at in this order.';
 -- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
--- which now read and bump both: they get them as grant_usage gives them.
+-- which now read and bump these: they get them as grant_usage gives them.
 DO $$
 DECLARE
     role name;
@@ -30,7 +41,7 @@ BEGIN
          WHERE n.nspname = 'sturdy' AND a.privilege_type = 'USAGE' AND a.grantee = r.oid
            AND a.grantee <> n.nspowner
     LOOP
-        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle TO %I',
+        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle, sturdy.queue_seq TO %I',
                                   role);
     END LOOP;
 END $$;

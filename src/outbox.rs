@@ -52,7 +52,7 @@ use crate::datum::{Jsonb, Record, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Rows, Statement, first_value, run_one};
-use crate::rescan::{Rescans, SLACK, ScanFrom};
+use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after};
 use crate::subxact::{self, Callable, Unfit};
 
 /// The first characters of a failure's message kept in `last_error`.
@@ -569,7 +569,7 @@ impl Pump {
 /// at the end (bench/README.md). So, as `take` does for its queues, each
 /// backend keeps a floor and scans from there, and [`crate::rescan`] says
 /// when it scans from the start instead. The floor is the oldest head its
-/// last call found, exactly when that was due more than [`SLACK`] ago (a
+/// last call found, exactly when that was due more than [`SLACK`](crate::rescan::SLACK) ago (a
 /// backlog: whatever is below it is settled, or held by another pump), else
 /// `SLACK` earlier (room for emits committing a little after they began).
 ///
@@ -587,10 +587,7 @@ struct PumpFloor {
     rescans: Rescans,
 }
 
-/// A place in `deliveries_due`'s order.
-type Position = (pg_sys::TimestampTz, i64);
-
-const START: Position = (pg_sys::TimestampTz::MIN, i64::MIN);
+/// After every row.
 const END: Position = (pg_sys::TimestampTz::MAX, i64::MAX);
 
 thread_local! {
@@ -638,26 +635,21 @@ fn due_heads(max: i32) -> Result<Vec<Due>> {
         _ => (heads_in(max, START, END)?, Some(start.elapsed())),
     };
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-    let found = heads.iter().map(|d| (d.due_at, d.id)).min().map(|(t, id)| {
-        if t <= now.saturating_sub(SLACK) {
-            (t, id)
-        } else {
-            (t.saturating_sub(SLACK), i64::MIN)
-        }
-    });
-    let nothing = (now.saturating_sub(SLACK), i64::MIN);
+    let found = floor_after(heads.iter().map(|d| (d.due_at, d.id)).min(), now);
     let kept = match (floor, full) {
         (Some(mut f), None) => {
-            f.at = f.at.max(found.unwrap_or(f.at));
+            if !heads.is_empty() {
+                f.at = f.at.max(found);
+            }
             f
         }
         (Some(mut f), Some(cost)) => {
-            f.at = found.unwrap_or(nothing);
+            f.at = found;
             f.rescans.again(cost);
             f
         }
         (None, cost) => PumpFloor {
-            at: found.unwrap_or(nothing),
+            at: found,
             rescans: Rescans::first(cost.unwrap_or_default()),
         },
     };

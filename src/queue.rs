@@ -51,7 +51,7 @@ use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
-use crate::rescan::{Rescans, SLACK, ScanFrom};
+use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after};
 
 /// Upsert the row to `visible_at`, forgetting any lease on it. The statement
 /// a team would write, and nothing else: whether the row is ready, the
@@ -87,21 +87,24 @@ static MARKED: Statement = Statement {
 // last ANALYZE made the plan scan the queue once per row (measured: 680 ms
 // instead of 1.8 ms to take 100 of 50,000).
 //
-// The scan starts at a floor, `$4` (see [`Floor`]): `-infinity` for a scan
-// from the start, else this backend's floor for the queue. Each statement
-// returns, after the declared columns, the rows' `visible_at` before the
-// take; a batch's also where each row's new version lives (see [`Leased`]).
+// The scan starts at a floor, the place (`$4`, `$5`) in the index's
+// (visible_at, seq) order (see [`Floor`]): (`-infinity`, the least bigint)
+// for a scan from the start, else this backend's floor for the queue. Each
+// statement returns, after the declared columns, the rows' `visible_at` and
+// `seq` before the take; a batch's also where each row's new version lives
+// (see [`Leased`]).
 //
 // For batches, `LIMIT $3` makes the planner cost the generic plan for a
 // tenth of the table, so the plan cache would re-plan every call (~0.15 ms);
 // those two always run their generic plan (`generic: true`), the same index
-// scan on (queue, visible_at) a custom plan picks.
+// scan on (queue, visible_at, seq) a custom plan picks.
 
 const TAKE_ARGS: &[pg_sys::Oid] = &[
     pg_sys::TEXTOID,
     pg_sys::INTERVALOID,
     pg_sys::INT8OID,
     pg_sys::TIMESTAMPTZOID,
+    pg_sys::INT8OID,
 ];
 
 /// The candidate rows from the floor on: the head of every take statement,
@@ -109,11 +112,40 @@ const TAKE_ARGS: &[pg_sys::Oid] = &[
 macro_rules! take_due {
     () => {
         "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at FROM sturdy.queue
+              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
+               ORDER BY visible_at, seq"
+    };
+    // 0.1.0's schema, before `ALTER EXTENSION pg_sturdy UPDATE`: no `seq`,
+    // so the floor is a time ($5 unused).
+    (released) => {
+        "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at, 0::bigint AS seq FROM sturdy.queue
                WHERE queue OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
                  AND visible_at OPERATOR(pg_catalog.>=) $4
                ORDER BY visible_at"
+    };
+}
+
+/// A take statement for the current schema and one for a released one's
+/// (see [`take_due`]), alike but for their `due`.
+macro_rules! take_statements {
+    ($current:ident, $released:ident, $generic:literal, $($rest:expr),+) => {
+        static $current: Statement = Statement {
+            sql: concat!(take_due!(), $($rest),+),
+            args: TAKE_ARGS,
+            writes: true,
+            generic: $generic,
+        };
+        static $released: Statement = Statement {
+            sql: concat!(take_due!(released), $($rest),+),
+            args: TAKE_ARGS,
+            writes: true,
+            generic: $generic,
+        };
     };
 }
 
@@ -151,66 +183,55 @@ macro_rules! take_claim {
     };
 }
 
-static TAKE_ONE: Statement = Statement {
-    sql: concat!(
-        take_due!(),
-        " LIMIT 1",
-        take_lease!("(SELECT ctid FROM due)"),
-        "
-          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due)
+take_statements!(
+    TAKE_ONE,
+    TAKE_ONE_RELEASED,
+    false,
+    " LIMIT 1",
+    take_lease!("(SELECT ctid FROM due)"),
+    "
+          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due), (SELECT seq FROM due)
             FROM taken"
-    ),
-    args: TAKE_ARGS,
-    writes: true,
-    generic: false,
-};
+);
 
-static TAKE_ONE_CLAIM: Statement = Statement {
-    sql: concat!(
-        take_due!(),
-        " LIMIT 1",
-        take_lease!("(SELECT ctid FROM due)"),
-        take_claim!(),
-        "
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due)
+take_statements!(
+    TAKE_ONE_CLAIM,
+    TAKE_ONE_CLAIM_RELEASED,
+    false,
+    " LIMIT 1",
+    take_lease!("(SELECT ctid FROM due)"),
+    take_claim!(),
+    "
+          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due),
+                 (SELECT seq FROM due)
             FROM taken t"
-    ),
-    args: TAKE_ARGS,
-    writes: true,
-    generic: false,
-};
+);
 
-static TAKE_MANY: Statement = Statement {
-    sql: concat!(
-        take_due!(),
-        " LIMIT $3",
-        take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
-        "
-          SELECT t.workflow, t.visible_at, NULL::bigint, d.visible_at, t.tid
+take_statements!(
+    TAKE_MANY,
+    TAKE_MANY_RELEASED,
+    true,
+    " LIMIT $3",
+    take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
+    "
+          SELECT t.workflow, t.visible_at, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
-           ORDER BY d.visible_at"
-    ),
-    args: TAKE_ARGS,
-    writes: true,
-    generic: true,
-};
+           ORDER BY d.visible_at, d.seq"
+);
 
-static TAKE_MANY_CLAIM: Statement = Statement {
-    sql: concat!(
-        take_due!(),
-        " LIMIT $3",
-        take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
-        take_claim!(),
-        "
-          SELECT t.workflow, t.visible_at, c.token, d.visible_at, t.tid
+take_statements!(
+    TAKE_MANY_CLAIM,
+    TAKE_MANY_CLAIM_RELEASED,
+    true,
+    " LIMIT $3",
+    take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
+    take_claim!(),
+    "
+          SELECT t.workflow, t.visible_at, c.token, d.visible_at, d.seq, t.tid
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
             LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
-           ORDER BY d.visible_at"
-    ),
-    args: TAKE_ARGS,
-    writes: true,
-    generic: true,
-};
+           ORDER BY d.visible_at, d.seq"
+);
 
 /// Wake the workers waiting on a queue: clear its mark, and notify if this
 /// call cleared it (of two schedules racing here, one notifies).
@@ -431,22 +452,27 @@ fn schedule(
 /// all, on every take: measured, a 16-client churn fell to a fifth of its rate
 /// within two minutes (bench/README.md, the soak).
 ///
-/// So each backend keeps, per queue, a floor: [`SLACK`] below the oldest row
-/// its last take found, and its next take scans from there. A row can be
-/// ready below the floor only by being written there: a past-dated schedule
-/// or `wake_at` (they bump `sturdy.queue_generation`, and a take that sees it
-/// changed scans from the start), a write committed more than `SLACK` after
-/// its `visible_at` while the queue moved on, or a take of it rolled back.
-/// For those, a take scans from the start when it comes up short, on a
-/// generation change, and on the schedule of [`Rescans`] (at least every
-/// second; rate-limited once such scans get costly). With a healthy vacuum
-/// every short take and every generation change scans from the start, and
-/// FIFO order is exact but for a row whose write committed more than `SLACK`
-/// after its `visible_at` behind a busy queue (or whose take rolled back),
-/// which waits at most a second.
+/// So each backend keeps, per queue, a floor: the place in (`visible_at`,
+/// `seq`) order of the oldest row its last take found when that row was
+/// ready more than [`SLACK`](crate::rescan::SLACK) ago (a backlog: every
+/// entry before it is of a row taken, or held by another take), else `SLACK`
+/// below its `visible_at`; its next take scans from there. Since `seq` makes
+/// every place in the index distinct, a take never walks the entries of a
+/// drained batch scheduled with one `visible_at`, however long it was. A row
+/// can be ready below the floor only by being written there: a past-dated
+/// schedule or `wake_at` (they bump `sturdy.queue_generation`, and a take
+/// that sees it changed scans from the start), a write committed more than
+/// `SLACK` after its `visible_at` while the queue moved on, or a take of it
+/// rolled back. For those, a take scans from the start when it comes up
+/// short, on a generation change, and on the schedule of [`Rescans`] (at
+/// least every second; rate-limited once such scans get costly). With a
+/// healthy vacuum every short take and every generation change scans from
+/// the start, and FIFO order is exact but for a row whose write committed
+/// more than `SLACK` after its `visible_at` behind a busy queue (or whose
+/// take rolled back), which waits at most a second.
 struct Floor {
-    /// Scan from this `visible_at`.
-    at: pg_sys::TimestampTz,
+    /// Scan from this place.
+    at: Position,
     /// The generation the floor holds for (`None`: unknown, it holds for none).
     generation: Option<i64>,
     rescans: Rescans,
@@ -462,8 +488,8 @@ thread_local! {
 /// What one take statement handed out.
 struct Taken {
     rows: usize,
-    /// The oldest `visible_at`, before the take, of the rows taken.
-    oldest: Option<pg_sys::TimestampTz>,
+    /// The oldest place, before the take, of the rows taken.
+    oldest: Option<Position>,
 }
 
 /// The rows this backend's last batch take leased, by workflow: where each
@@ -494,7 +520,7 @@ thread_local! {
     static BY_TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Remember the rows a batch take statement leased (columns 1, 2 and 5).
+/// Remember the rows a batch take statement leased (columns 1, 2 and 6).
 fn lease_rows(queue: Name, r: &plan::Rows) {
     LEASED.with(|l| {
         let mut leased = l.borrow_mut();
@@ -505,7 +531,7 @@ fn lease_rows(queue: Name, r: &plan::Rows) {
         });
         for i in 0..r.len() {
             let (Some(workflow), Some(receipt), Some(tid)) =
-                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 5))
+                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 6))
             else {
                 continue;
             };
@@ -523,20 +549,28 @@ fn take_from(
     queue: Name,
     lease: Interval,
     max: i64,
-    from: pg_sys::TimestampTz,
+    from: Position,
     batch: bool,
 ) -> Result<Taken> {
-    let from =
-        TimestampWithTimeZone::try_from(from).unwrap_or(TimestampWithTimeZone::negative_infinity());
+    let at = TimestampWithTimeZone::try_from(from.0)
+        .unwrap_or(TimestampWithTimeZone::negative_infinity());
     let (rows, oldest) = plan::run_as_set_then(
         call,
         stmt,
-        &[queue.into(), lease.into(), max.into(), from.into()],
+        &[
+            queue.into(),
+            lease.into(),
+            max.into(),
+            at.into(),
+            from.1.into(),
+        ],
         |r| {
             if batch {
                 lease_rows(queue, &r);
             }
-            (0..r.len()).filter_map(|i| r.timestamptz(i, 4)).min()
+            (0..r.len())
+                .filter_map(|i| Some((r.timestamptz(i, 4)?, r.get::<i64>(i, 5)?)))
+                .min()
         },
     )?;
     Ok(Taken { rows, oldest })
@@ -560,11 +594,15 @@ fn take(
     let lease = args::lease("lease", lease)?;
     let max = args::positive("max", max)?;
     let claim = args::required("claim", claim)?;
-    let stmt = match (max, claim) {
-        (1, false) => &TAKE_ONE,
-        (1, true) => &TAKE_ONE_CLAIM,
-        (_, false) => &TAKE_MANY,
-        (_, true) => &TAKE_MANY_CLAIM,
+    let stmt = match (max, claim, seq::exists()) {
+        (1, false, true) => &TAKE_ONE,
+        (1, true, true) => &TAKE_ONE_CLAIM,
+        (_, false, true) => &TAKE_MANY,
+        (_, true, true) => &TAKE_MANY_CLAIM,
+        (1, false, false) => &TAKE_ONE_RELEASED,
+        (1, true, false) => &TAKE_ONE_CLAIM_RELEASED,
+        (_, false, false) => &TAKE_MANY_RELEASED,
+        (_, true, false) => &TAKE_MANY_CLAIM_RELEASED,
     };
     let batch = max > 1;
     if batch {
@@ -596,7 +634,7 @@ fn take(
             may,
         ),
         None => {
-            let t = take_from(call, stmt, queue, lease, max.into(), i64::MIN, batch)?;
+            let t = take_from(call, stmt, queue, lease, max.into(), START, batch)?;
             (t, Some(start.elapsed()), true)
         }
     };
@@ -604,7 +642,7 @@ fn take(
         // Came up short from the floor: the start decides.
         let again = Instant::now();
         let left = (max as usize - taken.rows) as i64;
-        let more = take_from(call, stmt, queue, lease, left, i64::MIN, batch)?;
+        let more = take_from(call, stmt, queue, lease, left, START, batch)?;
         full = Some(again.elapsed());
         taken = Taken {
             rows: taken.rows + more.rows,
@@ -630,15 +668,15 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
         let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-        let found = taken.oldest.map(|t| t.saturating_sub(SLACK));
+        let found = floor_after(taken.oldest, now);
         match (floors.get_mut(queue.bytes()), full) {
             (Some(fl), None) => {
-                if let Some(at) = found {
-                    fl.at = fl.at.max(at);
+                if taken.oldest.is_some() {
+                    fl.at = fl.at.max(found);
                 }
             }
             (Some(fl), Some(cost)) => {
-                fl.at = found.unwrap_or(now.saturating_sub(SLACK));
+                fl.at = found;
                 fl.generation = generation;
                 fl.rescans.again(cost);
             }
@@ -649,7 +687,7 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
                 floors.insert(
                     queue.bytes().to_vec(),
                     Floor {
-                        at: found.unwrap_or(now.saturating_sub(SLACK)),
+                        at: found,
                         generation,
                         rescans: Rescans::first(cost),
                     },
@@ -658,6 +696,19 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
             (None, None) => {}
         }
     });
+}
+
+/// `sturdy.queue.seq`'s sequence: where it is missing (0.1.0's schema,
+/// before the update) so is the column, and take runs the statements that
+/// do without it.
+mod seq {
+    use crate::sequence::Sequence;
+
+    static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_seq");
+
+    pub fn exists() -> bool {
+        SEQUENCE.exists()
+    }
 }
 
 /// take's generation, read directly (as an SQL expression in every take
@@ -922,6 +973,42 @@ mod tests {
     /// take scans from its floor, below the oldest row it took, not from the
     /// first entry of the index; a schedule or wake_at before now() bumps the
     /// generation, and the next take scans from the start again.
+    /// Rows scheduled together share a visible_at; `seq` orders them, and
+    /// under a backlog ready long ago the floor is the exact row the last
+    /// take got, so the next one starts there, not at the first of the batch
+    /// (whose entries, taken and done, stay until vacuum).
+    #[pg_test]
+    fn take_goes_in_arrival_order_within_a_batch_and_its_floor_is_that_exact_row() {
+        let take = |max: i32| {
+            one::<String>(&format!(
+                "SELECT string_agg(workflow, ',' ORDER BY receipt, workflow) FROM sturdy.take('batch', max => {max})"
+            ))
+        };
+        Spi::run(
+            "SELECT sturdy.schedule(w, now() - interval '1 hour', 'batch')
+               FROM unnest(ARRAY['e', 'd', 'c', 'b', 'a']) w",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(DISTINCT visible_at) FROM sturdy.queue WHERE queue = 'batch'"),
+            Some(1)
+        );
+        assert_eq!(take(1).as_deref(), Some("e"), "in arrival (seq) order");
+        // a row at the same visible_at placed just before the floor's row
+        // (e), behind take's back: the floor is exact, so a take from it
+        // does not see it
+        Spi::run(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, seq)
+             SELECT 'batch', 'hidden', d.visible_at, now(), e.seq - 1
+               FROM sturdy.queue d, sturdy.queue e
+              WHERE d.queue = 'batch' AND d.workflow = 'd' AND e.queue = 'batch' AND e.workflow = 'e'",
+        )
+        .unwrap();
+        assert_eq!(take(1).as_deref(), Some("d"), "from the floor");
+        // a take that comes up short goes on from the start
+        assert_eq!(take(10).as_deref(), Some("a,b,c,hidden"));
+    }
+
     #[pg_test]
     fn take_scans_from_its_floor_and_a_past_dated_write_goes_back_to_the_start() {
         let take = || one::<String>("SELECT workflow FROM sturdy.take('floor')");

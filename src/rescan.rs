@@ -28,6 +28,27 @@ pub const SLACK: pg_sys::TimestampTz = 100_000; // µs
 /// whenever a scan from the floor comes up short, one from the start follows.
 pub const CHEAP_SCAN: Duration = Duration::from_millis(10);
 
+/// A place in a scan's order: a time and a tiebreaker that makes it exact
+/// (`sturdy.queue.seq`, `sturdy.deliveries.id`).
+pub type Position = (pg_sys::TimestampTz, i64);
+
+/// Before every row.
+pub const START: Position = (pg_sys::TimestampTz::MIN, i64::MIN);
+
+/// The floor after a scan whose oldest row was at `oldest` (or that found
+/// nothing, `None`), at transaction time `now`: that row itself when it was
+/// due more than [`SLACK`] ago (a backlog: whatever is below it has been
+/// handed out, or is held by another scan), else `SLACK` below its time (or
+/// below `now`), room for writes committing a little after they began.
+pub fn floor_after(oldest: Option<Position>, now: pg_sys::TimestampTz) -> Position {
+    let recent = |t: pg_sys::TimestampTz| (t.saturating_sub(SLACK), i64::MIN);
+    match oldest {
+        Some((t, tiebreak)) if t <= now.saturating_sub(SLACK) => (t, tiebreak),
+        Some((t, _)) => recent(t),
+        None => recent(now),
+    }
+}
+
 /// The last scans from the start: when, and what they cost.
 #[derive(Clone, Copy, Debug)]
 pub struct Rescans {
@@ -96,6 +117,20 @@ impl Rescans {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_floor_is_exact_under_a_backlog_and_slack_below_recent_rows() {
+        let now = 10_000_000;
+        assert_eq!(
+            floor_after(Some((now - 200_000, 7)), now),
+            (now - 200_000, 7)
+        );
+        assert_eq!(
+            floor_after(Some((now - 50_000, 7)), now),
+            (now - 150_000, i64::MIN)
+        );
+        assert_eq!(floor_after(None, now), (now - SLACK, i64::MIN));
+    }
 
     #[test]
     fn cheap_scans_from_the_start_follow_every_short_scan_and_come_every_second() {

@@ -84,6 +84,12 @@ impl Sequence {
         }
     }
 
+    /// Whether the sequence exists (it does not in the schema of an older
+    /// version, before `ALTER EXTENSION pg_sturdy UPDATE`).
+    pub fn exists(&'static self) -> bool {
+        self.oid().is_some()
+    }
+
     /// The sequence's last value; `None` where it does not exist or was
     /// never advanced. Raises as `pg_sequence_last_value` does (no SELECT or
     /// USAGE on it).
