@@ -110,6 +110,21 @@ def busy_taker(queue, wanted, seconds, clear=True):
 ready = threading.Event()
 
 
+def commit_a_second_late(worker, started, sql):
+    """Start `worker`, and once it says it has `started`, run `sql` in a
+    transaction that commits a second after it began (its now() a second in
+    the past at commit); wait for the worker. Returns when it committed."""
+    worker.start()
+    started.wait(5)
+    with connect(autocommit=False) as a:
+        a.execute(sql)
+        time.sleep(1.0)
+        a.commit()
+        committed = time.monotonic()
+    worker.join()
+    return committed
+
+
 def test_a_late_commit_below_the_floor_is_taken_within_seconds():
     """take scans from a floor just below the oldest row it took last. A
     schedule whose transaction commits a second after its now() lands below
@@ -118,14 +133,7 @@ def test_a_late_commit_below_the_floor_is_taken_within_seconds():
     ready.clear()
     result = {}
     worker = threading.Thread(target=lambda: result.update(busy_taker("late", {"late-row"}, 10)))
-    worker.start()
-    ready.wait(5)
-    with connect(autocommit=False) as a:
-        a.execute("SELECT sturdy.schedule('late-row', now(), 'late')")
-        time.sleep(1.0)
-        a.commit()
-        committed = time.monotonic()
-    worker.join()
+    committed = commit_a_second_late(worker, ready, "SELECT sturdy.schedule('late-row', now(), 'late')")
     assert "late-row" in result, "a row committed below the floor was never taken"
     print(f"     late-row taken {result['late-row'] - committed:.2f} s after its commit")
 
@@ -423,6 +431,8 @@ def test_a_late_emit_below_a_busy_pumps_floor_is_delivered_within_seconds():
     with connect() as c:
         fresh_outbox(c, "floor")
     started, got = threading.Event(), {}
+    delivered_late = ("SELECT count(*) FROM public.outbox_log l JOIN sturdy.outbox o ON o.id = l.outbox"
+                      " WHERE o.payload = '\"late\"'")
 
     def busy_pump():
         with psycopg.connect(DSN, autocommit=True, application_name="busy-pump") as c:
@@ -432,26 +442,15 @@ def test_a_late_emit_below_a_busy_pumps_floor_is_delivered_within_seconds():
             while time.monotonic() < end and "late" not in got:
                 c.execute("SELECT sturdy.emit('floor', '\"busy\"')")
                 c.execute("SELECT * FROM sturdy.pump(1)")
-                (late,) = c.execute(
-                    "SELECT count(*) FROM public.outbox_log l JOIN sturdy.outbox o ON o.id = l.outbox"
-                    " WHERE o.payload = '\"late\"'").fetchone()
+                (late,) = c.execute(delivered_late).fetchone()
                 if late:
                     got["late"] = time.monotonic()
 
-    worker = threading.Thread(target=busy_pump)
-    worker.start()
-    started.wait(5)
-    with connect(autocommit=False) as a:
-        a.execute("SELECT sturdy.emit('floor', '\"late\"')")
-        time.sleep(1.0)
-        a.commit()
-        committed = time.monotonic()
-    worker.join()
+    committed = commit_a_second_late(threading.Thread(target=busy_pump), started,
+                                     "SELECT sturdy.emit('floor', '\"late\"')")
     assert "late" in got, "an emit committed below the floor was never delivered"
     with connect() as c:
-        (times,) = c.execute(
-            "SELECT count(*) FROM public.outbox_log l JOIN sturdy.outbox o ON o.id = l.outbox"
-            " WHERE o.payload = '\"late\"'").fetchone()
+        (times,) = c.execute(delivered_late).fetchone()
     assert times == 1, f"delivered {times} times"
     print(f"     late emit delivered {got['late'] - committed:.2f} s after its commit")
 

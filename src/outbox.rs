@@ -44,7 +44,7 @@ use std::time::Instant;
 
 use pg_sturdy_macros::sql_function;
 use pgrx::IntoDatum;
-use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 
 use crate::args::{self, Name};
@@ -52,7 +52,7 @@ use crate::datum::{Jsonb, Record, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Rows, Statement, first_value, run_one};
-use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after};
+use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after, time_param};
 use crate::subxact::{self, Callable, Unfit};
 
 /// The first characters of a failure's message kept in `last_error`.
@@ -596,20 +596,13 @@ thread_local! {
 
 /// Due heads from `from` on and below `below`, at most `max`, locked.
 fn heads_in(max: i32, from: Position, below: Position) -> Result<Vec<Due>> {
-    let at = |t: pg_sys::TimestampTz| {
-        TimestampWithTimeZone::try_from(t).unwrap_or(if t < 0 {
-            TimestampWithTimeZone::negative_infinity()
-        } else {
-            TimestampWithTimeZone::positive_infinity()
-        })
-    };
     plan::run_generic(
         &HEADS,
         &[
             max.into(),
-            at(from.0).into(),
+            time_param(from.0).into(),
             from.1.into(),
-            at(below.0).into(),
+            time_param(below.0).into(),
             below.1.into(),
         ],
         read_due,

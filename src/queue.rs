@@ -51,7 +51,7 @@ use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
-use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after};
+use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after, time_param};
 
 /// Upsert the row to `visible_at`, forgetting any lease on it. The statement
 /// a team would write, and nothing else: whether the row is ready, the
@@ -552,8 +552,7 @@ fn take_from(
     from: Position,
     batch: bool,
 ) -> Result<Taken> {
-    let at = TimestampWithTimeZone::try_from(from.0)
-        .unwrap_or(TimestampWithTimeZone::negative_infinity());
+    let at = time_param(from.0);
     let (rows, oldest) = plan::run_as_set_then(
         call,
         stmt,

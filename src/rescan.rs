@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
 
 /// How far below the oldest row it found a floor sits: room for writes that
@@ -34,6 +35,17 @@ pub type Position = (pg_sys::TimestampTz, i64);
 
 /// Before every row.
 pub const START: Position = (pg_sys::TimestampTz::MIN, i64::MIN);
+
+/// A place's time as a statement parameter: the microseconds `Position`
+/// holds, or an infinity for the bounds past any date (`START`, and the
+/// pump's end).
+pub fn time_param(t: pg_sys::TimestampTz) -> TimestampWithTimeZone {
+    TimestampWithTimeZone::try_from(t).unwrap_or(if t < 0 {
+        TimestampWithTimeZone::negative_infinity()
+    } else {
+        TimestampWithTimeZone::positive_infinity()
+    })
+}
 
 /// The floor after a scan whose oldest row was at `oldest` (or that found
 /// nothing, `None`), at transaction time `now`: that row itself when it was
