@@ -161,6 +161,29 @@ def test_a_row_whose_take_rolled_back_is_taken_again_within_seconds():
     print(f"     first taken again {result['first'] - rolled_back:.2f} s after the rollback")
 
 
+def test_a_row_whose_lease_ran_out_is_taken_again_within_seconds():
+    """A lease keeps its row where it was in take's order (only leased_until
+    changes), below the floor of a worker busy with newer rows: when the
+    lease runs out with no done (its worker died), that worker takes it
+    again by its periodic scan from the start."""
+    ready.clear()
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'lapsed'")
+        c.execute("SELECT sturdy.schedule('first', now() - interval '1 minute', 'lapsed')")
+        (taken, receipt) = c.execute("SELECT workflow, receipt FROM sturdy.take('lapsed', '2 seconds')").fetchone()
+        assert taken == "first"
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(busy_taker("lapsed", {"first"}, 12, clear=False)))
+        worker.start()
+        ready.wait(5)
+        (lapse,) = c.execute("SELECT extract(epoch FROM %s::timestamptz - clock_timestamp())", (receipt,)).fetchone()
+        lapsed = time.monotonic() + float(lapse)
+        worker.join()
+    assert "first" in result, "a row whose lease ran out was never taken again"
+    assert result["first"] >= lapsed - 0.05, "taken again before its lease ran out"
+    print(f"     first taken again {result['first'] - lapsed:.2f} s after its lease ran out")
+
+
 def test_health_shows_the_snapshot_a_forgotten_transaction_pins():
     """A session left in REPEATABLE READ holds a snapshot: sturdy.health's
     'oldest snapshot' shows its age, and nothing once it ends."""

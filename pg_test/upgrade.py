@@ -22,7 +22,7 @@ SELECT sturdy.supply('up-1', 'approval', '"yes"');
 SELECT sturdy.schedule('up-' || i, now() + interval '1 hour', 'up-q') FROM generate_series(1, 5) i;
 SELECT sturdy.release('up-2', 1);
 SELECT sturdy.schedule('up-ready', now() - interval '1 minute', 'up-q2');
-SELECT count(*) FROM sturdy.take('up-q2');
+CREATE TABLE public.up_receipt AS SELECT workflow, receipt FROM sturdy.take('up-q2');
 """
 
 # The catalog as a user and pg_dump see it: each query's rows, as text.
@@ -66,9 +66,12 @@ def catalog(c):
 
 
 # Each table's rows, in the columns every version has (0.2.0 adds
-# queue.seq, filled in by the update).
+# queue.seq, filled in by the update), and for the queue when each row is
+# next handed out: 0.1.0's visible_at, 0.2.0's later of visible_at and
+# leased_until (the update moves a lease there).
 KEPT = {"claims": "r", "checkpoints": "r",
-        "queue": "(r.queue, r.workflow, r.visible_at, r.taken_at, r.takes, r.scheduled_at)"}
+        "queue": "(r.queue, r.workflow, greatest(r.visible_at, (to_jsonb(r) ->> 'leased_until')::timestamptz), "
+                 "r.taken_at, r.takes, r.scheduled_at)"}
 
 
 def rows(c):
@@ -121,6 +124,12 @@ def main():
                 problems.append("emit")
             if c.execute("SELECT count(*) FROM sturdy.health").fetchone()[0] < 5:
                 problems.append("health")
+            # a pass in flight across the update: its row stays leased, and
+            # its receipt still ends it
+            if c.execute("SELECT count(*) FROM sturdy.take('up-q2')").fetchone()[0] != 0:
+                problems.append("a row leased before the update was taken again")
+            if not c.execute("SELECT sturdy.done(workflow, receipt, 'up-q2') FROM public.up_receipt").fetchone()[0]:
+                problems.append("done with a receipt from before the update")
             check(f"{version}: old and new functions work after the update", problems)
         # A role given pg_sturdy under the old version keeps its queue
         # functions after the update (take and schedule read and bump a

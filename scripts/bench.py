@@ -42,11 +42,12 @@ def backlog(n, queue="bench"):
     """SQL that tops a queue (ours and the seed's of that name) up to n ready rows."""
     fill = ("SELECT '{q}', 'q-' || gen_random_uuid(), now() - interval '1 second'{extra} "
             "FROM generate_series(1, greatest(0, {n} - (SELECT count(*) FROM {t} WHERE {col} = '{q}' "
-            "AND visible_at <= now())))")
+            "AND visible_at <= now(){free})))")
     return (f"INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
-            + fill.format(q=queue, extra=", now()", n=n, t="sturdy.queue", col="queue") + "; "
+            + fill.format(q=queue, extra=", now()", n=n, t="sturdy.queue", col="queue",
+                          free=" AND (leased_until IS NULL OR leased_until <= now())") + "; "
             + "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
-            + fill.format(q=queue, extra="", n=n, t="seed.workflow_queue", col="namespace")
+            + fill.format(q=queue, extra="", n=n, t="seed.workflow_queue", col="namespace", free="")
             # a steady state: statistics that know the backlog is there (the
             # seed's TAKE joins back by key and degrades badly without them)
             + "; ANALYZE sturdy.queue, seed.workflow_queue")

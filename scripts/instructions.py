@@ -32,7 +32,8 @@ SMALL, LARGE = 200, 1200
 
 # call, then for pg_sturdy and for the plain statement: the statement as a
 # PREPARE (so both sides run cached plans, as `pgbench -M prepared` and any
-# driver with prepared statements do) and its EXECUTE for key i. In this
+# driver with prepared statements do) and its EXECUTE for key i (n: the
+# EXECUTE's place in its run, from 1). In this
 # order: each call works on what the ones before it left (claims to record
 # under, rows to take and finish).
 CASES = [
@@ -65,24 +66,24 @@ CASES = [
       "RETURNING entry.workflow, entry.visible_at;", "EXECUTE q;")),
     # a backlog scheduled in one transaction (one visible_at for every row),
     # each row taken and then done, as a worker does: each take walks past the
-    # entries of the rows done before it (see sql/queue.sql). The done finds
-    # the row just taken (the latest receipt) the same way on both sides.
+    # entries of the rows done before it (see sql/queue.sql). Both sides take
+    # in arrival order, so the n-th call of a run takes b-n; the done reads
+    # that row's receipt by key, the same way on both sides.
     ("take + done, a batch",
      ("PREPARE q AS SELECT workflow, receipt FROM sturdy.take('batch', '1 minute');\n"
-      "PREPARE d AS SELECT sturdy.done(x.workflow, x.visible_at, 'batch') FROM (SELECT workflow, visible_at "
-      "FROM sturdy.queue WHERE queue = 'batch' ORDER BY visible_at DESC LIMIT 1) x;",
-      "EXECUTE q;\nEXECUTE d;"),
+      "PREPARE d(text) AS SELECT sturdy.done($1, (SELECT leased_until FROM sturdy.queue "
+      "WHERE queue = 'batch' AND workflow = $1), 'batch');",
+      "EXECUTE q;\nEXECUTE d('b-{n}');"),
      ("PREPARE q AS WITH due AS MATERIALIZED (SELECT workflow FROM seed.workflow_queue WHERE namespace = 'batch' "
       "AND visible_at <= now() ORDER BY visible_at FOR UPDATE SKIP LOCKED LIMIT 1) "
       "UPDATE seed.workflow_queue AS entry SET visible_at = now() + interval '1 minute' FROM due "
       "WHERE entry.namespace = 'batch' AND entry.workflow = due.workflow "
       "RETURNING entry.workflow, entry.visible_at;\n"
-      "PREPARE d AS DELETE FROM seed.workflow_queue q USING (SELECT workflow, visible_at FROM seed.workflow_queue "
-      "WHERE namespace = 'batch' ORDER BY visible_at DESC LIMIT 1) x "
-      "WHERE q.namespace = 'batch' AND q.workflow = x.workflow AND q.visible_at = x.visible_at;",
-      "EXECUTE q;\nEXECUTE d;")),
+      "PREPARE d(text) AS DELETE FROM seed.workflow_queue WHERE namespace = 'batch' AND workflow = $1 "
+      "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'batch' AND workflow = $1);",
+      "EXECUTE q;\nEXECUTE d('b-{n}');")),
     ("done",
-     ("PREPARE q(text) AS SELECT sturdy.done($1, (SELECT visible_at FROM sturdy.queue "
+     ("PREPARE q(text) AS SELECT sturdy.done($1, (SELECT leased_until FROM sturdy.queue "
       "WHERE queue = 'instr' AND workflow = $1), 'instr');", "EXECUTE q('j-{i}');"),
      ("PREPARE q(text) AS DELETE FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1 "
       "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1);",
@@ -155,9 +156,11 @@ def main():
             continue
         per = {}
         for side, (prepare, execute) in (("sturdy", ours), ("plain", plain)):
-            small = instructions(f"{call}-{side}-small", [prepare] + [execute.format(i=i) for i in range(SMALL)])
+            small = instructions(f"{call}-{side}-small",
+                                 [prepare] + [execute.format(i=i, n=i + 1) for i in range(SMALL)])
             large = instructions(f"{call}-{side}-large",
-                                 [prepare] + [execute.format(i=i) for i in range(SMALL, SMALL + LARGE)])
+                                 [prepare] + [execute.format(i=i, n=i - SMALL + 1)
+                                              for i in range(SMALL, SMALL + LARGE)])
             per[side] = (large - small) / (LARGE - SMALL)
             print(f"{call:9} {side:7} {per[side]:12,.0f} instructions/call", flush=True)
         lines.append(f"| `{call}` | {per['sturdy']:,.0f} | {per['plain']:,.0f} | "

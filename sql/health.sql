@@ -3,14 +3,14 @@
 -- what each number should look like.
 CREATE VIEW sturdy.health WITH (security_invoker = true) AS
 SELECT 'oldest ready job'::text AS signal,
-       pg_catalog.to_char(COALESCE(pg_catalog.max(now() - q.visible_at), interval '0'), 'HH24:MI:SS') AS value,
-       COALESCE(pg_catalog.max(now() - q.visible_at), interval '0') < interval '5 minutes' AS ok,
+       pg_catalog.to_char(COALESCE(pg_catalog.max(now() - GREATEST(q.visible_at, q.leased_until)), interval '0'), 'HH24:MI:SS') AS value,
+       COALESCE(pg_catalog.max(now() - GREATEST(q.visible_at, q.leased_until)), interval '0') < interval '5 minutes' AS ok,
        'How long the oldest ready queue row has waited for a worker: growing means too few workers (or none).'::text AS meaning
-  FROM sturdy.queue q WHERE q.visible_at <= now()
+  FROM sturdy.queue q WHERE q.visible_at <= now() AND (q.leased_until IS NULL OR q.leased_until <= now())
 UNION ALL
 SELECT 'lapsed leases', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
        'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; they are taken again.'
-  FROM sturdy.queue q WHERE q.taken_at IS NOT NULL AND q.visible_at <= now()
+  FROM sturdy.queue q WHERE q.leased_until <= now()
 UNION ALL
 SELECT 'oldest pending delivery',
        pg_catalog.to_char(COALESCE(pg_catalog.max(now() - o.created_at), interval '0'), 'HH24:MI:SS'),

@@ -29,6 +29,33 @@ CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');
 COMMENT ON SEQUENCE sturdy.queue_seq IS 'sturdy.queue.seq (kept by pg_dump, so new rows come after the restored ones).';
 COMMENT ON COLUMN sturdy.queue.seq IS 'Arrival order, given when the row is inserted: take hands out rows with the same visible_at in this order.';
+-- The lease moves out of visible_at into leased_until, which no index holds,
+-- so that take's update is HOT (see sql/queue.sql). A row leased now keeps
+-- its receipt (0.1.0's visible_at, now its leased_until) and is due from when
+-- it was taken, which was at or after its due time: done and wake_at of a
+-- pass in flight across the update still match, and the row is not handed
+-- out again before its lease ends.
+ALTER TABLE sturdy.queue ADD COLUMN leased_until timestamptz;
+UPDATE sturdy.queue SET leased_until = visible_at, visible_at = taken_at
+ WHERE taken_at IS NOT NULL AND visible_at > pg_catalog.now();
+ALTER TABLE sturdy.queue SET (fillfactor = 45);
+COMMENT ON COLUMN sturdy.queue.visible_at IS
+    'When it is due: as schedule, arrive or wake_at last wrote it. take does not move it; the lease is leased_until.';
+COMMENT ON COLUMN sturdy.queue.taken_at IS
+    'When take last leased it; NULL once schedule, arrive or wake_at moved it since.';
+COMMENT ON COLUMN sturdy.queue.leased_until IS
+    'The lease''s end while a taker holds it: take hands it out again only after this. It is the receipt done and wake_at must match; schedule, arrive and wake_at clear it.';
+CREATE OR REPLACE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
+SELECT queue,
+       count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
+       count(*) FILTER (WHERE leased_until > now())                                                     AS leased,
+       count(*) FILTER (WHERE visible_at > now())                                                       AS sleeping,
+       now() - min(GREATEST(visible_at, leased_until))
+                FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
+  FROM sturdy.queue
+ GROUP BY queue;
+COMMENT ON FUNCTION sturdy.take(queue text, lease interval, max integer, claim boolean) IS
+    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies.';
 -- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
 -- which now read and bump these: they get them as grant_usage gives them.
 DO $$
@@ -432,14 +459,14 @@ COMMENT ON PROCEDURE sturdy.batch_all(regclass, text, text, text[], integer, nam
 -- what each number should look like.
 CREATE VIEW sturdy.health WITH (security_invoker = true) AS
 SELECT 'oldest ready job'::text AS signal,
-       pg_catalog.to_char(COALESCE(pg_catalog.max(now() - q.visible_at), interval '0'), 'HH24:MI:SS') AS value,
-       COALESCE(pg_catalog.max(now() - q.visible_at), interval '0') < interval '5 minutes' AS ok,
+       pg_catalog.to_char(COALESCE(pg_catalog.max(now() - GREATEST(q.visible_at, q.leased_until)), interval '0'), 'HH24:MI:SS') AS value,
+       COALESCE(pg_catalog.max(now() - GREATEST(q.visible_at, q.leased_until)), interval '0') < interval '5 minutes' AS ok,
        'How long the oldest ready queue row has waited for a worker: growing means too few workers (or none).'::text AS meaning
-  FROM sturdy.queue q WHERE q.visible_at <= now()
+  FROM sturdy.queue q WHERE q.visible_at <= now() AND (q.leased_until IS NULL OR q.leased_until <= now())
 UNION ALL
 SELECT 'lapsed leases', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
        'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; they are taken again.'
-  FROM sturdy.queue q WHERE q.taken_at IS NOT NULL AND q.visible_at <= now()
+  FROM sturdy.queue q WHERE q.leased_until <= now()
 UNION ALL
 SELECT 'oldest pending delivery',
        pg_catalog.to_char(COALESCE(pg_catalog.max(now() - o.created_at), interval '0'), 'HH24:MI:SS'),

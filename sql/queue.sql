@@ -1,6 +1,7 @@
 -- The queue: one row per (queue, workflow), scored by when it is visible.
--- visible_at in the past: ready. In the future with taken_at set: leased by a
--- taker (the receipt is that visible_at). In the future without: sleeping.
+-- visible_at in the past: ready, unless leased_until is still in the future
+-- (a taker holds it; the receipt is that leased_until). visible_at in the
+-- future: sleeping.
 
 -- seq orders rows that share a visible_at (a schedule of many in one
 -- transaction) and makes every place in take's index a point a floor can
@@ -14,14 +15,27 @@ CREATE TABLE sturdy.queue (
     takes        integer     NOT NULL DEFAULT 0,
     scheduled_at timestamptz NOT NULL,
     seq          bigint      NOT NULL DEFAULT pg_catalog.nextval('sturdy.queue_seq'::pg_catalog.regclass),
+    leased_until timestamptz,
     PRIMARY KEY (queue, workflow)
-);
+) WITH (fillfactor = 45);
 ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
 -- take's scan: the oldest visible rows of one queue, in (visible_at, seq)
 -- order, so that a take from its floor starts at the exact row its last take
 -- reached: entries of rows taken and done before it (left until vacuum, and
 -- kept by a pinned xmin) are never walked, even among thousands scheduled in
 -- one transaction with one visible_at (measured in bench/README.md).
+--
+-- A lease is written to leased_until, which no index holds, and never moves
+-- visible_at: take's update is HOT (no new entry in either index, the new
+-- version on the same page), half the WAL of an update that re-indexes the
+-- row, and a leased row stays where it was in take's order, to be taken
+-- first again if its lease runs out. Over half of every page is left free
+-- for that: rows scheduled together sit together, a batch take leases all of
+-- a page's rows at once, and a leased version is 16 bytes longer than a
+-- scheduled one (taken_at and leased_until no longer NULL); at 45 a page of
+-- rows just scheduled takes all their leases, in the scheduling transaction
+-- too, where nothing can be pruned (src/queue.rs's tests). Measured in
+-- bench/README.md: 1.2x-1.35x the batches of an indexed lease, 1 to 16 clients.
 CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');
@@ -45,9 +59,11 @@ COMMENT ON TABLE sturdy.queue IS
 COMMENT ON COLUMN sturdy.queue.queue IS 'The queue name; a workflow may wait in several queues, once in each.';
 COMMENT ON COLUMN sturdy.queue.workflow IS 'The workflow id.';
 COMMENT ON COLUMN sturdy.queue.visible_at IS
-    'When take may hand it out. For a taken row this is the lease end, and the receipt done and wake_at must match.';
+    'When it is due: as schedule, arrive or wake_at last wrote it. take does not move it; the lease is leased_until.';
 COMMENT ON COLUMN sturdy.queue.taken_at IS
-    'When take last leased it; NULL once schedule, arrive or wake_at moved it since (then a future visible_at is sleep, not a lease).';
+    'When take last leased it; NULL once schedule, arrive or wake_at moved it since.';
+COMMENT ON COLUMN sturdy.queue.leased_until IS
+    'The lease''s end while a taker holds it: take hands it out again only after this. It is the receipt done and wake_at must match; schedule, arrive and wake_at clear it.';
 COMMENT ON COLUMN sturdy.queue.takes IS 'How many times take has handed it out (a row taken again and again is a workflow that keeps failing).';
 COMMENT ON COLUMN sturdy.queue.scheduled_at IS 'When schedule or arrive last wrote it.';
 COMMENT ON COLUMN sturdy.queue.seq IS 'Arrival order, given when the row is inserted: take hands out rows with the same visible_at in this order.';
@@ -78,10 +94,11 @@ SELECT pg_catalog.nextval('sturdy.queue_idle');
 
 CREATE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
 SELECT queue,
-       count(*) FILTER (WHERE visible_at <= now())                          AS ready,
-       count(*) FILTER (WHERE visible_at > now() AND taken_at IS NOT NULL)  AS leased,
-       count(*) FILTER (WHERE visible_at > now() AND taken_at IS NULL)      AS sleeping,
-       now() - min(visible_at) FILTER (WHERE visible_at <= now())           AS oldest_ready_age
+       count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
+       count(*) FILTER (WHERE leased_until > now())                                                     AS leased,
+       count(*) FILTER (WHERE visible_at > now())                                                       AS sleeping,
+       now() - min(GREATEST(visible_at, leased_until))
+                FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
   FROM sturdy.queue
  GROUP BY queue;
 COMMENT ON VIEW sturdy.queue_stats IS

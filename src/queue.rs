@@ -1,10 +1,12 @@
 //! The queue: which workflows want a pass, and when.
 //!
 //! One row per (queue, workflow), scored by `visible_at`: in the past means
-//! ready, in the future means leased (a taker holds it) or sleeping (waiting
-//! for a deadline). `take` makes the oldest ready rows invisible for a lease
-//! and hands back the new `visible_at` as a *receipt*. Everything that wants
-//! another pass — `schedule`, `arrive` — writes `visible_at` unconditionally,
+//! due, in the future sleeping (waiting for a deadline). `take` leases the
+//! oldest due rows that no one holds: it sets `leased_until`, which it hands
+//! back as a *receipt*, and leaves `visible_at` alone, so the update touches
+//! no indexed column and is HOT (no index entry, half the WAL; measured in
+//! bench/README.md). Everything that wants another pass — `schedule`,
+//! `arrive` — writes `visible_at` unconditionally and clears the lease,
 //! landing on top of a pass in flight; `done` and `wake_at` are conditional on
 //! the receipt still matching, so a wakeup that arrived mid-pass is never
 //! thrown away by the pass finishing.
@@ -62,11 +64,34 @@ static SCHEDULE: Statement = Statement {
     sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
           VALUES ($3, $1, $2, NULL, pg_catalog.now())
           ON CONFLICT (queue, workflow) DO UPDATE
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, leased_until = NULL,
+                 scheduled_at = EXCLUDED.scheduled_at",
+    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// [`SCHEDULE`] in 0.1.0's schema (see [`schema`]), whose lease was `visible_at`.
+static SCHEDULE_RELEASED: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
+          VALUES ($3, $1, $2, NULL, pg_catalog.now())
+          ON CONFLICT (queue, workflow) DO UPDATE
              SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
 };
+
+/// The column that holds a taken row's receipt: `leased_until`, or in
+/// 0.1.0's schema `visible_at` (see [`schema`]).
+macro_rules! receipt {
+    (current) => {
+        "leased_until"
+    };
+    (released) => {
+        "visible_at"
+    };
+}
 
 /// Is the queue marked (a worker found it empty and waits)?
 static MARKED: Statement = Statement {
@@ -76,7 +101,7 @@ static MARKED: Statement = Statement {
     generic: false,
 };
 
-// `take`: lease the oldest ready rows; the new `visible_at` is the receipt.
+// `take`: lease the oldest ready rows; `leased_until` is the receipt.
 // With `claim`, every taken workflow is also claimed for the same lease in the
 // same statement, with the claim upsert of `claim.rs` (the token is NULL
 // where someone still holds the claim).
@@ -91,8 +116,10 @@ static MARKED: Statement = Statement {
 // (visible_at, seq) order (see [`Floor`]): (`-infinity`, the least bigint)
 // for a scan from the start, else this backend's floor for the queue. Each
 // statement returns, after the declared columns, the rows' `visible_at` and
-// `seq` before the take; a batch's also where each row's new version lives
-// (see [`Leased`]).
+// `seq` (their place); a batch's also where each row's new version lives
+// (see [`Leased`]). A leased row keeps its place, and the scan passes over
+// it (a heap visit, no index entry to skip it by) until its lease ends or it
+// is done; a take's floor is past the rows it leased itself.
 //
 // For batches, `LIMIT $3` makes the planner cost the generic plan for a
 // tenth of the table, so the plan cache would re-plan every call (~0.15 ms);
@@ -110,12 +137,13 @@ const TAKE_ARGS: &[pg_sys::Oid] = &[
 /// The candidate rows from the floor on: the head of every take statement,
 /// followed by its `LIMIT`.
 macro_rules! take_due {
-    () => {
+    (current) => {
         "WITH due AS MATERIALIZED (
               SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
                WHERE queue OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
                  AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
+                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) pg_catalog.now())
                ORDER BY visible_at, seq"
     };
     // 0.1.0's schema, before `ALTER EXTENSION pg_sturdy UPDATE`: no `seq`,
@@ -131,17 +159,19 @@ macro_rules! take_due {
 }
 
 /// A take statement for the current schema and one for a released one's
-/// (see [`take_due`]), alike but for their `due`.
+/// (see [`schema`]), alike but for their `due` and how they lease: `$limit`
+/// ends `due`, `$lease_where` picks the rows to lease (see [`take_lease`]),
+/// and the rest follows.
 macro_rules! take_statements {
-    ($current:ident, $released:ident, $generic:literal, $($rest:expr),+) => {
+    ($current:ident, $released:ident, $generic:literal, $limit:literal, $lease_where:literal, $($rest:expr),+) => {
         static $current: Statement = Statement {
-            sql: concat!(take_due!(), $($rest),+),
+            sql: concat!(take_due!(current), $limit, take_lease!(current, $lease_where), $($rest),+),
             args: TAKE_ARGS,
             writes: true,
             generic: $generic,
         };
         static $released: Statement = Statement {
-            sql: concat!(take_due!(released), $($rest),+),
+            sql: concat!(take_due!(released), $limit, take_lease!(released, $lease_where), $($rest),+),
             args: TAKE_ARGS,
             writes: true,
             generic: $generic,
@@ -151,9 +181,23 @@ macro_rules! take_statements {
 
 /// The rows of `due` leased, through their `ctid`s: `$lease_where` picks
 /// them (one row: `= (SELECT ctid FROM due)`, an InitPlan; a batch:
-/// `= ANY (ARRAY(SELECT ctid FROM due))`).
+/// `= ANY (ARRAY(SELECT ctid FROM due))`). `taken` returns each one's
+/// workflow, receipt and new tuple id.
 macro_rules! take_lease {
-    ($lease_where:literal) => {
+    (current, $lease_where:literal) => {
+        concat!(
+            "      FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) ",
+            $lease_where,
+            "
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)"
+        )
+    };
+    (released, $lease_where:literal) => {
         concat!(
             "      FOR UPDATE SKIP LOCKED),
           taken AS (
@@ -163,7 +207,7 @@ macro_rules! take_lease {
                WHERE q.ctid OPERATOR(pg_catalog.=) ",
             $lease_where,
             "
-              RETURNING q.workflow, q.visible_at, q.ctid AS tid)"
+              RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)"
         )
     };
 }
@@ -174,7 +218,7 @@ macro_rules! take_claim {
         ",
           claimed AS (
               INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, visible_at, NULL, pg_catalog.now() FROM taken
+              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
               ON CONFLICT (workflow) DO UPDATE
                  SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
                      owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
@@ -188,9 +232,9 @@ take_statements!(
     TAKE_ONE_RELEASED,
     false,
     " LIMIT 1",
-    take_lease!("(SELECT ctid FROM due)"),
+    "(SELECT ctid FROM due)",
     "
-          SELECT workflow, visible_at, NULL::bigint, (SELECT visible_at FROM due), (SELECT seq FROM due)
+          SELECT workflow, receipt, NULL::bigint, (SELECT visible_at FROM due), (SELECT seq FROM due)
             FROM taken"
 );
 
@@ -199,10 +243,10 @@ take_statements!(
     TAKE_ONE_CLAIM_RELEASED,
     false,
     " LIMIT 1",
-    take_lease!("(SELECT ctid FROM due)"),
+    "(SELECT ctid FROM due)",
     take_claim!(),
     "
-          SELECT t.workflow, t.visible_at, (SELECT token FROM claimed), (SELECT visible_at FROM due),
+          SELECT t.workflow, t.receipt, (SELECT token FROM claimed), (SELECT visible_at FROM due),
                  (SELECT seq FROM due)
             FROM taken t"
 );
@@ -212,9 +256,9 @@ take_statements!(
     TAKE_MANY_RELEASED,
     true,
     " LIMIT $3",
-    take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
+    "ANY (ARRAY(SELECT ctid FROM due))",
     "
-          SELECT t.workflow, t.visible_at, NULL::bigint, d.visible_at, d.seq, t.tid
+          SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
            ORDER BY d.visible_at, d.seq"
 );
@@ -224,10 +268,10 @@ take_statements!(
     TAKE_MANY_CLAIM_RELEASED,
     true,
     " LIMIT $3",
-    take_lease!("ANY (ARRAY(SELECT ctid FROM due))"),
+    "ANY (ARRAY(SELECT ctid FROM due))",
     take_claim!(),
     "
-          SELECT t.workflow, t.visible_at, c.token, d.visible_at, d.seq, t.tid
+          SELECT t.workflow, t.receipt, c.token, d.visible_at, d.seq, t.tid
             FROM taken t JOIN due d ON d.workflow OPERATOR(pg_catalog.=) t.workflow
             LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
            ORDER BY d.visible_at, d.seq"
@@ -254,89 +298,160 @@ static MARK_IDLE: Statement = Statement {
     generic: false,
 };
 
+/// The same statement for the current schema and for 0.1.0's (see
+/// [`schema`]): `$sql` is a macro that writes it for either, by
+/// [`receipt`] and [`clear_lease`].
+macro_rules! statements {
+    ($current:ident, $released:ident, $sql:ident, $args:expr, $generic:literal) => {
+        static $current: Statement = Statement {
+            sql: $sql!(current),
+            args: $args,
+            writes: true,
+            generic: $generic,
+        };
+        static $released: Statement = Statement {
+            sql: $sql!(released),
+            args: $args,
+            writes: true,
+            generic: $generic,
+        };
+    };
+}
+
+/// What a write that wants another pass sets besides `visible_at`: no lease.
+macro_rules! clear_lease {
+    (current) => {
+        ", leased_until = NULL"
+    };
+    (released) => {
+        ""
+    };
+}
+
 /// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
 /// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
 /// builds no result table (see [`DONE`]).
-static DONE_MANY: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue q
+macro_rules! done_many {
+    ($schema:tt) => {
+        concat!(
+            "DELETE FROM sturdy.queue q
            USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
            WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
-             AND q.visible_at OPERATOR(pg_catalog.=) d.receipt",
-    args: &[
+             AND q.",
+            receipt!($schema),
+            " OPERATOR(pg_catalog.=) d.receipt"
+        )
+    };
+}
+statements!(
+    DONE_MANY,
+    DONE_MANY_RELEASED,
+    done_many,
+    &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TIMESTAMPTZARRAYOID,
         pg_sys::TEXTOID,
     ],
-    writes: true,
-    generic: false,
-};
+    false
+);
 
 /// `done` for rows of this backend's last batch take, straight to where
 /// their leased versions live (see [`Leased`]): `$4` holds each row's tuple
 /// id, at the position of its workflow in `$1`. A row version there counts
 /// only if it is still the one leased, for this workflow and receipt; a row
 /// rescheduled since has moved on, and the tuple id finds its dead version.
-/// The plan is a TID scan nested in the pairs, or, where the statistics say
-/// `visible_at` has many distinct values, a range scan of the receipt in
-/// `queue_visible`; on a table of a few pages, a scan of them. Never key
-/// descents: the workflow test is wrapped in `IS TRUE` (the same test in a
-/// `WHERE`) so that the primary key cannot serve it. A generic plan, kept.
-static DONE_LEASED: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue q
+/// The plan is a TID scan nested in the pairs, or, on a table of a few
+/// pages, a scan of them. Never key descents: the workflow test is wrapped
+/// in `IS TRUE` (the same test in a `WHERE`) so that the primary key cannot
+/// serve it. A generic plan, kept.
+macro_rules! done_leased {
+    ($schema:tt) => {
+        concat!(
+            "DELETE FROM sturdy.queue q
            USING ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1)) AS d(tid, workflow)
            WHERE q.ctid OPERATOR(pg_catalog.=) d.tid AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
-             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.visible_at OPERATOR(pg_catalog.=) $2",
-    args: &[
+             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.",
+            receipt!($schema),
+            " OPERATOR(pg_catalog.=) $2"
+        )
+    };
+}
+statements!(
+    DONE_LEASED,
+    DONE_LEASED_RELEASED,
+    done_leased,
+    &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TEXTOID,
         pg_sys::TIDARRAYOID,
     ],
-    writes: true,
-    generic: true,
-};
+    true
+);
 
 /// Remove the row under the receipt rule. Whether it went is SPI's count of
 /// rows processed: a `RETURNING` would make SPI build a result table (a
 /// memory context and a copied tuple) for one bit of answer.
-static DONE: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue
+macro_rules! done_one {
+    ($schema:tt) => {
+        concat!(
+            "DELETE FROM sturdy.queue
            WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
-             AND visible_at OPERATOR(pg_catalog.=) $2",
-    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
+             AND ",
+            receipt!($schema),
+            " OPERATOR(pg_catalog.=) $2"
+        )
+    };
+}
+statements!(
+    DONE,
+    DONE_RELEASED,
+    done_one,
+    &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    false
+);
 
 /// Suspend until `at` under the receipt rule; a wakeup that landed meanwhile
 /// wins (it is sooner, and the deadline lives in the checkpoints anyway). An
 /// `at` already due wakes idle workers as a schedule does, and one before
 /// `now()` bumps take's generation.
-static WAKE_AT: Statement = Statement {
-    sql: "WITH moved AS (
-              UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL
+macro_rules! wake_at {
+    ($schema:tt) => {
+        concat!(
+            "WITH moved AS (
+              UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL",
+            clear_lease!($schema),
+            "
                WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
-                 AND visible_at OPERATOR(pg_catalog.=) $2
+                 AND ",
+            receipt!($schema),
+            " OPERATOR(pg_catalog.=) $2
               RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
           SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4),
                  CASE WHEN $3 OPERATOR(pg_catalog.<) pg_catalog.now()
                       THEN pg_catalog.nextval(pg_catalog.to_regclass('sturdy.queue_generation')) END
-            FROM moved",
-    args: &[
+            FROM moved"
+        )
+    };
+}
+statements!(
+    WAKE_AT,
+    WAKE_AT_RELEASED,
+    wake_at,
+    &[
         pg_sys::TEXTOID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TEXTOID,
     ],
-    writes: true,
-    generic: false,
-};
+    false
+);
 
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
 /// arguments. `schedule` and `arrive` both end here.
 pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Name) -> Result<()> {
     run_one(
-        &SCHEDULE,
+        schema::pick(&SCHEDULE, &SCHEDULE_RELEASED),
         &[workflow.into(), visible_at.into(), queue.into()],
         |_| Ok(()),
     )?;
@@ -463,13 +578,15 @@ fn schedule(
 /// schedule or `wake_at` (they bump `sturdy.queue_generation`, and a take
 /// that sees it changed scans from the start), a write committed more than
 /// `SLACK` after its `visible_at` while the queue moved on, or a take of it
-/// rolled back. For those, a take scans from the start when it comes up
-/// short, on a generation change, and on the schedule of [`Rescans`] (at
-/// least every second; rate-limited once such scans get costly). With a
-/// healthy vacuum every short take and every generation change scans from
-/// the start, and FIFO order is exact but for a row whose write committed
-/// more than `SLACK` after its `visible_at` behind a busy queue (or whose
-/// take rolled back), which waits at most a second.
+/// rolled back; or by its lease running out with no `done` (a lease keeps
+/// the row in its place). For those, a take scans from the start when it
+/// comes up short, on a generation change, and on the schedule of
+/// [`Rescans`] (at least every second; rate-limited once such scans get
+/// costly). With a healthy vacuum every short take and every generation
+/// change scans from the start, and FIFO order is exact but for a row whose
+/// write committed more than `SLACK` after its `visible_at` behind a busy
+/// queue (or whose take rolled back, or whose lease ran out), which waits at
+/// most a second.
 struct Floor {
     /// Scan from this place.
     at: Position,
@@ -580,7 +697,7 @@ fn take_from(
     "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
                  max integer DEFAULT 1, claim boolean DEFAULT false)
      RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10",
-    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the new visible_at. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies."
+    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease's end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies."
 )]
 fn take(
     call: &Args,
@@ -593,7 +710,7 @@ fn take(
     let lease = args::lease("lease", lease)?;
     let max = args::positive("max", max)?;
     let claim = args::required("claim", claim)?;
-    let stmt = match (max, claim, seq::exists()) {
+    let stmt = match (max, claim, schema::current()) {
         (1, false, true) => &TAKE_ONE,
         (1, true, true) => &TAKE_ONE_CLAIM,
         (_, false, true) => &TAKE_MANY,
@@ -697,16 +814,24 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
     });
 }
 
-/// `sturdy.queue.seq`'s sequence: where it is missing (0.1.0's schema,
-/// before the update) so is the column, and take runs the statements that
-/// do without it.
-mod seq {
+/// Which schema the queue's statements run against. 0.2.0 added
+/// `sturdy.queue.seq` with its sequence and `leased_until` in one update;
+/// where the sequence is missing (0.1.0's schema, before `ALTER EXTENSION
+/// pg_sturdy UPDATE`) so are both columns, and the queue runs the statements
+/// 0.1.0 ran: `visible_at` is the lease and the receipt, a floor is a time.
+mod schema {
+    use crate::plan::Statement;
     use crate::sequence::Sequence;
 
     static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_seq");
 
-    pub fn exists() -> bool {
+    pub fn current() -> bool {
         SEQUENCE.exists()
+    }
+
+    /// `now` in the current schema, else `released`.
+    pub fn pick(now: &'static Statement, released: &'static Statement) -> &'static Statement {
+        if current() { now } else { released }
     }
 }
 
@@ -758,7 +883,7 @@ fn done(
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
     run_one(
-        &DONE,
+        schema::pick(&DONE, &DONE_RELEASED),
         &[workflow.into(), receipt.into(), queue.into()],
         |t| Ok(!t.is_empty()),
     )
@@ -812,7 +937,7 @@ fn done_many(
             #[cfg(any(test, feature = "pg_test"))]
             BY_TID.with(|n| n.set(n.get() + 1));
             plan::run_generic(
-                &DONE_LEASED,
+                schema::pick(&DONE_LEASED, &DONE_LEASED_RELEASED),
                 &[
                     workflows.into(),
                     TimestampWithTimeZone::try_from(receipt)
@@ -830,7 +955,7 @@ fn done_many(
         return Ok(leased);
     }
     let by_key = run_one(
-        &DONE_MANY,
+        schema::pick(&DONE_MANY, &DONE_MANY_RELEASED),
         &[workflows.into(), receipts.into(), queue.into()],
         |t| Ok(t.len() as i64),
     )?;
@@ -877,7 +1002,7 @@ fn wake_at(
     let at = args::required("at", at)?;
     let queue = args::name("queue", queue)?;
     let moved = run_one(
-        &WAKE_AT,
+        schema::pick(&WAKE_AT, &WAKE_AT_RELEASED),
         &[workflow.into(), receipt.into(), at.into(), queue.into()],
         |t| {
             // no row: the receipt did not match; else whether a worker waits
@@ -945,9 +1070,48 @@ mod tests {
         );
         assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take()"), Some(0));
         let receipt_is_lease_end = one::<bool>(
-            "SELECT visible_at = now() + interval '1 minute' FROM sturdy.queue WHERE workflow = 'w1'",
+            "SELECT leased_until = now() + interval '1 minute' AND visible_at = now() - interval '3 minutes'
+               FROM sturdy.queue WHERE workflow = 'w1'",
         );
-        assert_eq!(receipt_is_lease_end, Some(true));
+        assert_eq!(
+            receipt_is_lease_end,
+            Some(true),
+            "the lease is leased_until; visible_at stays when it was due"
+        );
+    }
+
+    /// take's lease writes no indexed column, so its update is HOT: no new
+    /// index entry, the new version on the row's own page (sql/queue.sql's
+    /// fill factor leaves the room), for a batch scheduled together as for
+    /// a single row, with short workflow names and with uuid-long ones.
+    #[pg_test]
+    fn take_leases_by_a_hot_update() {
+        Spi::run(
+            "SELECT sturdy.schedule(CASE WHEN i <= 150 THEN 'hot-' || i ELSE 'order/' || gen_random_uuid() END,
+                                    now() - interval '1 minute', 'hot')
+               FROM generate_series(1, 300) i",
+        )
+        .unwrap();
+        let before = one::<i64>(
+            "SELECT pg_relation_size('sturdy.queue_visible') + pg_relation_size('sturdy.queue_pkey')",
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('hot', max => 200)"),
+            Some(200)
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('hot', claim => true)"),
+            Some(1)
+        );
+        let updates = one::<String>(
+            "SELECT n_tup_upd || ' updated, ' || n_tup_hot_upd || ' HOT'
+               FROM pg_stat_xact_user_tables WHERE relid = 'sturdy.queue'::regclass",
+        );
+        assert_eq!(updates.as_deref(), Some("201 updated, 201 HOT"));
+        let after = one::<i64>(
+            "SELECT pg_relation_size('sturdy.queue_visible') + pg_relation_size('sturdy.queue_pkey')",
+        );
+        assert_eq!(before, after, "no index grew");
     }
 
     /// take hands its rows over in materialize mode: the same rows in the
@@ -1169,8 +1333,11 @@ mod tests {
             Some(false)
         );
         assert_eq!(
-            one::<bool>("SELECT visible_at <= now() FROM sturdy.queue WHERE workflow = 'd2'"),
-            Some(true)
+            one::<bool>(
+                "SELECT visible_at <= now() AND leased_until IS NULL FROM sturdy.queue WHERE workflow = 'd2'"
+            ),
+            Some(true),
+            "ready again, the lease forgotten"
         );
     }
 
