@@ -5,15 +5,16 @@
 \set n 100
 BEGIN;
 WITH due AS MATERIALIZED (
-    SELECT ctid, workflow, visible_at FROM sturdy.queue
+    SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
      WHERE queue = 'plan' AND visible_at <= now()
-     ORDER BY visible_at
+       AND (leased_until IS NULL OR leased_until <= now())
+     ORDER BY visible_at, seq
      LIMIT :n
        FOR UPDATE SKIP LOCKED),
 taken AS (
     UPDATE sturdy.queue AS q
-       SET visible_at = now() + interval '1 minute', taken_at = now(), takes = q.takes + 1
+       SET leased_until = now() + interval '1 minute', taken_at = now(), takes = q.takes + 1
      WHERE q.ctid = ANY (ARRAY(SELECT ctid FROM due))
-    RETURNING q.workflow, q.visible_at)
+    RETURNING q.workflow, q.leased_until)
 SELECT count(*) FROM taken;
 ROLLBACK;

@@ -55,32 +55,60 @@ use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{Position, Rescans, START, ScanFrom, floor_after, time_param};
 
+/// The same statement for the current schema and for 0.1.0's (see
+/// [`schema`]): `$sql` is a macro that writes it for either, by
+/// [`receipt`] and [`clear_lease`].
+macro_rules! statements {
+    ($current:ident, $released:ident, $sql:ident, $args:expr, $generic:literal) => {
+        static $current: Statement = Statement {
+            sql: $sql!(current),
+            args: $args,
+            writes: true,
+            generic: $generic,
+        };
+        static $released: Statement = Statement {
+            sql: $sql!(released),
+            args: $args,
+            writes: true,
+            generic: $generic,
+        };
+    };
+}
+
+/// What a write that wants another pass sets besides `visible_at`: no lease.
+macro_rules! clear_lease {
+    (current) => {
+        ", leased_until = NULL"
+    };
+    (released) => {
+        ""
+    };
+}
+
 /// Upsert the row to `visible_at`, forgetting any lease on it. The statement
 /// a team would write, and nothing else: whether the row is ready, the
 /// generation bump of a past-dated one (see [`Floor`]) and the wakeup are
 /// decided in [`schedule_at`] (measured: probing the waiter mark in this
 /// statement cost schedule 34k instructions a call, bench/README.md).
-static SCHEDULE: Statement = Statement {
-    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
+macro_rules! schedule {
+    ($schema:tt) => {
+        concat!(
+            "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
           VALUES ($3, $1, $2, NULL, pg_catalog.now())
           ON CONFLICT (queue, workflow) DO UPDATE
-             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, leased_until = NULL,
-                 scheduled_at = EXCLUDED.scheduled_at",
-    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-/// [`SCHEDULE`] in 0.1.0's schema (see [`schema`]), whose lease was `visible_at`.
-static SCHEDULE_RELEASED: Statement = Statement {
-    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
-          VALUES ($3, $1, $2, NULL, pg_catalog.now())
-          ON CONFLICT (queue, workflow) DO UPDATE
-             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at",
-    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL",
+            clear_lease!($schema),
+            ", scheduled_at = EXCLUDED.scheduled_at"
+        )
+    };
+}
+statements!(
+    SCHEDULE,
+    SCHEDULE_RELEASED,
+    schedule,
+    &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    false
+);
 
 /// The column that holds a taken row's receipt: `leased_until`, or in
 /// 0.1.0's schema `visible_at` (see [`schema`]).
@@ -184,30 +212,21 @@ macro_rules! take_statements {
 /// `= ANY (ARRAY(SELECT ctid FROM due))`). `taken` returns each one's
 /// workflow, receipt and new tuple id.
 macro_rules! take_lease {
-    (current, $lease_where:literal) => {
+    ($schema:tt, $lease_where:literal) => {
         concat!(
             "      FOR UPDATE SKIP LOCKED),
           taken AS (
               UPDATE sturdy.queue AS q
-                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                 SET ",
+            receipt!($schema),
+            " = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
                WHERE q.ctid OPERATOR(pg_catalog.=) ",
             $lease_where,
             "
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)"
-        )
-    };
-    (released, $lease_where:literal) => {
-        concat!(
-            "      FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) ",
-            $lease_where,
-            "
-              RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)"
+              RETURNING q.workflow, q.",
+            receipt!($schema),
+            " AS receipt, q.ctid AS tid)"
         )
     };
 }
@@ -297,36 +316,6 @@ static MARK_IDLE: Statement = Statement {
     writes: true,
     generic: false,
 };
-
-/// The same statement for the current schema and for 0.1.0's (see
-/// [`schema`]): `$sql` is a macro that writes it for either, by
-/// [`receipt`] and [`clear_lease`].
-macro_rules! statements {
-    ($current:ident, $released:ident, $sql:ident, $args:expr, $generic:literal) => {
-        static $current: Statement = Statement {
-            sql: $sql!(current),
-            args: $args,
-            writes: true,
-            generic: $generic,
-        };
-        static $released: Statement = Statement {
-            sql: $sql!(released),
-            args: $args,
-            writes: true,
-            generic: $generic,
-        };
-    };
-}
-
-/// What a write that wants another pass sets besides `visible_at`: no lease.
-macro_rules! clear_lease {
-    (current) => {
-        ", leased_until = NULL"
-    };
-    (released) => {
-        ""
-    };
-}
 
 /// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
 /// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
