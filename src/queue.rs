@@ -1081,9 +1081,12 @@ mod tests {
                FROM generate_series(1, 300) i",
         )
         .unwrap();
-        let before = one::<i64>(
-            "SELECT pg_relation_size('sturdy.queue_visible') + pg_relation_size('sturdy.queue_pkey')",
-        );
+        let indexes = || {
+            one::<i64>(
+                "SELECT pg_relation_size('sturdy.queue_visible') + pg_relation_size('sturdy.queue_pkey')",
+            )
+        };
+        let before = indexes();
         assert_eq!(
             one::<i64>("SELECT count(*) FROM sturdy.take('hot', max => 200)"),
             Some(200)
@@ -1097,9 +1100,7 @@ mod tests {
                FROM pg_stat_xact_user_tables WHERE relid = 'sturdy.queue'::regclass",
         );
         assert_eq!(updates.as_deref(), Some("201 updated, 201 HOT"));
-        let after = one::<i64>(
-            "SELECT pg_relation_size('sturdy.queue_visible') + pg_relation_size('sturdy.queue_pkey')",
-        );
+        let after = indexes();
         assert_eq!(before, after, "no index grew");
     }
 
