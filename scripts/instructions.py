@@ -14,6 +14,14 @@ EXECUTE is its own transaction, committed with fsync off. `done` reads its
 receipt with a sub-select on both sides. Each run's output is checked for
 errors: a statement that fails costs little and would count as a cheap call.
 
+`schedule` is counted in the steady state of a busy queue: a ready schedule
+probes `sturdy.queue_waiters` for an idle worker until one probe made a
+second after the backend first read the idle epoch finds none (queue.rs,
+`Unmarked`); from then on it does not look. Under callgrind that second is a
+few hundred calls, a different share of each run, so both runs of both sides
+start with one call and a pause past it (WARMUP), and the counted calls are
+the ones a server sees after its first second.
+
   scripts/instructions.py      (via `make instructions`; PG=18 for the other version)
   INSTR_CASES=3,7              (only these calls, 1-based as listed in CASES, for an A/B of one
                                change; keep the calls a case works on: done needs schedule's rows)
@@ -82,6 +90,34 @@ CASES = [
       "PREPARE d(text) AS DELETE FROM seed.workflow_queue WHERE namespace = 'batch' AND workflow = $1 "
       "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'batch' AND workflow = $1);",
       "EXECUTE q;\nEXECUTE d('b-{n}');")),
+    # a worker's pass over a backlog like the batch's: take with a claim and
+    # finish recording one step, against the seed's TAKE, CLAIM, RECORD and
+    # FINISH; the n-th pass works on p-n, and what a client would carry from
+    # one call to the next (token, receipt) is read by key on both sides.
+    ("pass: take(claim) + finish",
+     ("PREPARE q AS SELECT workflow, receipt, token FROM sturdy.take('pass', '1 minute', 1, true);\n"
+      "PREPARE f(text) AS SELECT sturdy.finish($1, (SELECT token FROM sturdy.claims WHERE workflow = $1), "
+      "(SELECT leased_until FROM sturdy.queue WHERE queue = 'pass' AND workflow = $1), 'step-1', "
+      "'{\"ok\": true}', queue => 'pass');",
+      "EXECUTE q;\nEXECUTE f('p-{n}');"),
+     ("PREPARE q AS WITH due AS MATERIALIZED (SELECT workflow FROM seed.workflow_queue WHERE namespace = 'pass' "
+      "AND visible_at <= now() ORDER BY visible_at FOR UPDATE SKIP LOCKED LIMIT 1) "
+      "UPDATE seed.workflow_queue AS entry SET visible_at = now() + interval '1 minute' FROM due "
+      "WHERE entry.namespace = 'pass' AND entry.workflow = due.workflow "
+      "RETURNING entry.workflow, entry.visible_at;\n"
+      "PREPARE c(text) AS INSERT INTO seed.workflow_claim AS held (workflow, token, held_until) "
+      "VALUES ($1, 1, now() + interval '1 minute') ON CONFLICT (workflow) DO UPDATE "
+      "SET token = held.token + 1, held_until = now() + interval '1 minute' "
+      "WHERE held.held_until <= now() RETURNING token;\n"
+      "PREPARE r(text) AS WITH fence AS (SELECT token FROM seed.workflow_claim WHERE workflow = $1 FOR UPDATE) "
+      "INSERT INTO seed.workflow_checkpoint AS recorded (workflow, step, value) "
+      "SELECT $1, 'step-1', '{\"ok\": true}'::jsonb FROM fence "
+      "WHERE fence.token <= (SELECT token FROM seed.workflow_claim WHERE workflow = $1) "
+      "ON CONFLICT (workflow, step) DO UPDATE SET value = recorded.value "
+      "RETURNING recorded.value::text, recorded.value = '{\"ok\": true}'::jsonb;\n"
+      "PREPARE d(text) AS DELETE FROM seed.workflow_queue WHERE namespace = 'pass' AND workflow = $1 "
+      "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'pass' AND workflow = $1);",
+      "EXECUTE q;\nEXECUTE c('p-{n}');\nEXECUTE r('p-{n}');\nEXECUTE d('p-{n}');")),
     ("done",
      ("PREPARE q(text) AS SELECT sturdy.done($1, (SELECT leased_until FROM sturdy.queue "
       "WHERE queue = 'instr' AND workflow = $1), 'instr');", "EXECUTE q('j-{i}');"),
@@ -89,6 +125,15 @@ CASES = [
       "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1);",
       "EXECUTE q('j-{i}');")),
 ]
+
+
+# Run after the PREPARE in both runs of both sides of a call (the same
+# statements, so they cancel in the difference): see the docstring.
+# The warm-up row is removed again, so the calls after schedule's find only
+# the rows they expect.
+WARMUP = {"schedule": ["EXECUTE q('warm-0');", "SELECT pg_sleep(1.2);",
+                       "DELETE FROM sturdy.queue WHERE workflow = 'warm-0';",
+                       "DELETE FROM seed.workflow_queue WHERE workflow = 'warm-0';"]}
 
 
 def as_pg(cmd, **kw):
@@ -99,9 +144,9 @@ def as_pg(cmd, **kw):
 
 # Run before each measured backend, in a backend of its own (not counted: its
 # cost depends on what the run before left): a fresh batch for "take, a
-# batch", and statistics that know the backlog, as autovacuum would keep them
-# (the hand-written TAKE joins back by key and scans the whole queue per call
-# without them).
+# batch" and for the pass, and statistics that know the backlog, as
+# autovacuum would keep them (the hand-written TAKE joins back by key and
+# scans the whole queue per call without them).
 BEFORE = [
     "DELETE FROM sturdy.queue WHERE queue = 'batch';",
     "DELETE FROM seed.workflow_queue WHERE namespace = 'batch';",
@@ -109,7 +154,18 @@ BEFORE = [
     "SELECT 'batch', 'b-' || i, now() - interval '1 second', now() FROM generate_series(1, 1500) i;",
     "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
     "SELECT 'batch', 'b-' || i, now() - interval '1 second' FROM generate_series(1, 1500) i;",
-    "VACUUM ANALYZE sturdy.queue, seed.workflow_queue;",
+    "DELETE FROM sturdy.queue WHERE queue = 'pass';",
+    "DELETE FROM seed.workflow_queue WHERE namespace = 'pass';",
+    "DELETE FROM sturdy.claims WHERE workflow LIKE 'p-%';",
+    "DELETE FROM sturdy.checkpoints WHERE workflow LIKE 'p-%';",
+    "DELETE FROM seed.workflow_claim WHERE workflow LIKE 'p-%';",
+    "DELETE FROM seed.workflow_checkpoint WHERE workflow LIKE 'p-%';",
+    "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
+    "SELECT 'pass', 'p-' || i, now() - interval '1 second', now() FROM generate_series(1, 1500) i;",
+    "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
+    "SELECT 'pass', 'p-' || i, now() - interval '1 second' FROM generate_series(1, 1500) i;",
+    "VACUUM ANALYZE sturdy.queue, seed.workflow_queue, sturdy.claims, sturdy.checkpoints, "
+    "seed.workflow_claim, seed.workflow_checkpoint;",
 ]
 
 
@@ -156,11 +212,12 @@ def main():
             continue
         per = {}
         for side, (prepare, execute) in (("sturdy", ours), ("plain", plain)):
+            warmup = WARMUP.get(call, [])
             small = instructions(f"{call}-{side}-small",
-                                 [prepare] + [execute.format(i=i, n=i + 1) for i in range(SMALL)])
+                                 [prepare, *warmup] + [execute.format(i=i, n=i + 1) for i in range(SMALL)])
             large = instructions(f"{call}-{side}-large",
-                                 [prepare] + [execute.format(i=i, n=i - SMALL + 1)
-                                              for i in range(SMALL, SMALL + LARGE)])
+                                 [prepare, *warmup] + [execute.format(i=i, n=i - SMALL + 1)
+                                                       for i in range(SMALL, SMALL + LARGE)])
             per[side] = (large - small) / (LARGE - SMALL)
             print(f"{call:9} {side:7} {per[side]:12,.0f} instructions/call", flush=True)
         lines.append(f"| `{call}` | {per['sturdy']:,.0f} | {per['plain']:,.0f} | "

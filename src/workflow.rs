@@ -204,37 +204,31 @@ static TRANSITION: Statement = Statement {
 /// instance when a status is asked for; `go` has its one row only when the
 /// token is current and the instance may move, and every write is
 /// conditioned on it, so a refused finish writes nothing. Then the step
-/// (first writer wins), the move, the release, and the receipt-ruled delete.
-/// Returns the current token and the instance's status (for the error when
-/// refused) and whether the queue row went.
-static FINISH: Statement = Statement {
-    sql: "WITH fence AS MATERIALIZED (
-              SELECT c.token FROM sturdy.claims c WHERE c.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE),
-          inst AS MATERIALIZED (
-              SELECT i.status FROM sturdy.instances i
-               WHERE i.workflow OPERATOR(pg_catalog.=) $1 AND $6 IS NOT NULL FOR UPDATE),
-          go AS MATERIALIZED (
-              SELECT FROM fence
-               WHERE fence.token OPERATOR(pg_catalog.=) $2
-                 AND NOT EXISTS (SELECT FROM inst
-                                  WHERE inst.status OPERATOR(pg_catalog.=)
-                                        ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[]))),
-          recorded AS (
-              INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
-              SELECT $1, $4, $5, $2, pg_catalog.clock_timestamp() FROM go WHERE $4 IS NOT NULL
-              ON CONFLICT (workflow, step) DO NOTHING
-              RETURNING 1),
-          moved AS (
-              UPDATE sturdy.instances
-                 SET status = $6, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
-                     finished_at = CASE WHEN $6 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
-                                        THEN pg_catalog.now() END,
-                     last_error = COALESCE($8, last_error)
-               WHERE workflow OPERATOR(pg_catalog.=) $1 AND $6 IS NOT NULL AND EXISTS (SELECT FROM go)
-              RETURNING 1),
+/// (first writer wins), the move, the release (through the locked claim
+/// row's tuple id: a TID scan, no second descent of the primary key), and the
+/// receipt-ruled delete. Returns the current token and the instance's status
+/// (for the error when refused) and whether the queue row went.
+///
+/// One statement per shape of call (`$moves`: a status is given; `$records`:
+/// a step is), because the executor starts every part of a plan on every
+/// call, whether its rows come or not: a pass that moves no instance would
+/// still open `sturdy.instances` and all its indexes for the `inst` and
+/// `moved` parts (measured by instruction count, bench/README.md). Every
+/// shape takes the same eight arguments, some unused.
+macro_rules! finish {
+    ($moves:tt, $records:tt) => {
+        concat!(
+            "WITH fence AS MATERIALIZED (
+              SELECT c.ctid, c.token FROM sturdy.claims c
+               WHERE c.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE),",
+            finish_part!(inst, $moves),
+            finish_part!(go, $moves),
+            finish_part!(recorded, $records),
+            finish_part!(moved, $moves),
+            "
           released AS (
               UPDATE sturdy.claims SET held_until = pg_catalog.now()
-               WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+               WHERE ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM fence) AND token OPERATOR(pg_catalog.=) $2
                  AND held_until OPERATOR(pg_catalog.>) pg_catalog.now() AND EXISTS (SELECT FROM go)
               RETURNING 1),
           finished AS (
@@ -242,20 +236,105 @@ static FINISH: Statement = Statement {
                WHERE queue OPERATOR(pg_catalog.=) $7 AND workflow OPERATOR(pg_catalog.=) $1
                  AND leased_until OPERATOR(pg_catalog.=) $3 AND EXISTS (SELECT FROM go)
               RETURNING 1)
-          SELECT (SELECT token FROM fence), (SELECT status FROM inst), EXISTS (SELECT FROM finished)",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::INT8OID,
-        pg_sys::TIMESTAMPTZOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
+          SELECT (SELECT token FROM fence), ",
+            finish_part!(status, $moves),
+            ", EXISTS (SELECT FROM finished)"
+        )
+    };
+}
+
+/// The parts of [`finish!`] that depend on the call's shape.
+macro_rules! finish_part {
+    (inst, moves) => {
+        "
+          inst AS MATERIALIZED (
+              SELECT i.status FROM sturdy.instances i WHERE i.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE),"
+    };
+    (go, moves) => {
+        "
+          go AS MATERIALIZED (
+              SELECT FROM fence
+               WHERE fence.token OPERATOR(pg_catalog.=) $2
+                 AND NOT EXISTS (SELECT FROM inst
+                                  WHERE inst.status OPERATOR(pg_catalog.=)
+                                        ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[]))),"
+    };
+    (moved, moves) => {
+        "
+          moved AS (
+              UPDATE sturdy.instances
+                 SET status = $6, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
+                     finished_at = CASE WHEN $6 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
+                                        THEN pg_catalog.now() END,
+                     last_error = COALESCE($8, last_error)
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND EXISTS (SELECT FROM go)
+              RETURNING 1),"
+    };
+    (status, moves) => {
+        "(SELECT status FROM inst)"
+    };
+    (go, stays) => {
+        "
+          go AS MATERIALIZED (SELECT FROM fence WHERE fence.token OPERATOR(pg_catalog.=) $2),"
+    };
+    (status, stays) => {
+        "NULL::pg_catalog.text"
+    };
+    (recorded, records) => {
+        "
+          recorded AS (
+              INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
+              SELECT $1, $4, $5, $2, pg_catalog.clock_timestamp() FROM go
+              ON CONFLICT (workflow, step) DO NOTHING
+              RETURNING 1),"
+    };
+    ($part:ident, $shape:ident) => {
+        ""
+    };
+}
+
+const FINISH_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::INT8OID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::TEXTOID,
+    pg_sys::JSONBOID,
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+];
+
+/// `finish`'s statement for each shape of call, by (moves, records).
+static FINISH: [[Statement; 2]; 2] = [
+    [
+        Statement {
+            sql: finish!(stays, bare),
+            args: FINISH_ARGS,
+            writes: true,
+            generic: false,
+        },
+        Statement {
+            sql: finish!(stays, records),
+            args: FINISH_ARGS,
+            writes: true,
+            generic: false,
+        },
     ],
-    writes: true,
-    generic: false,
-};
+    [
+        Statement {
+            sql: finish!(moves, bare),
+            args: FINISH_ARGS,
+            writes: true,
+            generic: false,
+        },
+        Statement {
+            sql: finish!(moves, records),
+            args: FINISH_ARGS,
+            writes: true,
+            generic: false,
+        },
+    ],
+];
 
 /// One batch of finished instances and what belongs to them. An instance is
 /// left alone while its claim is held or its queue row is leased (a pass may
@@ -529,12 +608,13 @@ fn finish(
         .transpose()?;
     let queue = args::name("queue", queue)?;
 
+    let statement = &FINISH[usize::from(to.is_some())][usize::from(step.is_some())];
     let step = step.map_or_else(null::<Text>, Into::into);
     let value = value.map_or_else(null::<Jsonb>, Into::into);
     let to_arg = to.map_or_else(null::<Text>, Into::into);
     let error = error.map_or_else(null::<Text>, Into::into);
     let (current, instance_status, removed) = run_one(
-        &FINISH,
+        statement,
         &[
             workflow.into(),
             token.into(),
@@ -929,6 +1009,51 @@ mod tests {
             ))
             .unwrap(),
             Some(true)
+        );
+    }
+
+    /// The shapes of `finish` without a status (each its own statement): the
+    /// instance is left as it is, everything else happens as with one.
+    #[pg_test]
+    fn finish_without_a_status_records_releases_and_removes_and_leaves_the_instance() {
+        let i = id("SELECT sturdy.start('p', 'plain', queue => 'nq')");
+        let w = format!("p/{i}");
+        Spi::run("SELECT sturdy.schedule('bare', now(), 'nq')").unwrap();
+        for (workflow, step) in [(w.as_str(), "'s', '{\"n\": 1}',"), ("bare", "")] {
+            let (token, receipt) = Spi::get_two::<i64, String>(&format!(
+                "SELECT token, receipt::text FROM sturdy.take('nq', claim => true)
+                  WHERE workflow = '{workflow}'"
+            ))
+            .unwrap();
+            let (token, receipt) = (token.unwrap(), receipt.unwrap());
+            let finish = |tok: i64| {
+                format!(
+                    "SELECT sturdy.finish('{workflow}', {tok}, '{receipt}', {step} queue => 'nq')"
+                )
+            };
+            let held =
+                format!("sturdy.claims WHERE workflow = '{workflow}' AND held_until > now()");
+            let queued = format!("sturdy.queue WHERE workflow = '{workflow}'");
+            let recorded = format!("sturdy.checkpoints WHERE workflow = '{workflow}'");
+            assert_eq!(sqlstate_of(&finish(token + 1)), "SD001", "{workflow}");
+            assert_eq!((count(&held), count(&queued), count(&recorded)), (1, 1, 0));
+            assert_eq!(
+                Spi::get_one::<bool>(&finish(token)).unwrap(),
+                Some(true),
+                "{workflow}"
+            );
+            let steps = i64::from(!step.is_empty());
+            assert_eq!(
+                (count(&held), count(&queued), count(&recorded)),
+                (0, 0, steps)
+            );
+        }
+        assert_eq!(
+            text(&format!(
+                "SELECT format('%s %s', status, revision) FROM sturdy.instances WHERE id = {i}"
+            ))
+            .as_deref(),
+            Some("pending 1")
         );
     }
 
