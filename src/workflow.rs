@@ -204,10 +204,15 @@ static TRANSITION: Statement = Statement {
 /// instance when a status is asked for; `go` has its one row only when the
 /// token is current and the instance may move, and every write is
 /// conditioned on it, so a refused finish writes nothing. Then the step
-/// (first writer wins), the move, the release (through the locked claim
-/// row's tuple id: a TID scan, no second descent of the primary key), and the
-/// receipt-ruled delete. Returns the current token and the instance's status
-/// (for the error when refused) and whether the queue row went.
+/// (first writer wins), the move, the release, and the receipt-ruled delete.
+/// Returns the current token and the instance's status (for the error when
+/// refused) and whether the queue row went.
+///
+/// The release finds the claim by key, not by the tuple id `fence` locked:
+/// when `fence` waited for a concurrent write to the claim (a `renew` from
+/// the worker's heartbeat), it locked a version this statement's snapshot
+/// cannot see, which a TID scan would skip and leave the claim held; by key,
+/// the update goes through the version it sees to the one that replaced it.
 ///
 /// One statement per shape of call (`$moves`: a status is given; `$records`:
 /// a step is), because the executor starts every part of a plan on every
@@ -219,7 +224,7 @@ macro_rules! finish {
     ($moves:tt, $records:tt) => {
         concat!(
             "WITH fence AS MATERIALIZED (
-              SELECT c.ctid, c.token FROM sturdy.claims c
+              SELECT c.token FROM sturdy.claims c
                WHERE c.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE),",
             finish_part!(inst, $moves),
             finish_part!(go, $moves),
@@ -228,7 +233,7 @@ macro_rules! finish {
             "
           released AS (
               UPDATE sturdy.claims SET held_until = pg_catalog.now()
-               WHERE ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM fence) AND token OPERATOR(pg_catalog.=) $2
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
                  AND held_until OPERATOR(pg_catalog.>) pg_catalog.now() AND EXISTS (SELECT FROM go)
               RETURNING 1),
           finished AS (
