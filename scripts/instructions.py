@@ -12,7 +12,9 @@ first plan) taken out. Both sides run as prepared statements (PREPARE once,
 EXECUTE per call), as `pgbench -M prepared` and pooled drivers do; every
 EXECUTE is its own transaction, committed with fsync off. `done` reads its
 receipt with a sub-select on both sides. Each run's output is checked for
-errors: a statement that fails costs little and would count as a cheap call.
+errors: a statement that fails costs little and would count as a cheap call;
+and the runs over a backlog (the batch, the pass) for the rows they must have
+removed (LEFT).
 
 `schedule` is counted in the steady state of a busy queue: a ready schedule
 probes `sturdy.queue_waiters` for an idle worker until one probe made a
@@ -37,6 +39,7 @@ PORT = os.environ.get("INSTR_PORT", "55436")
 PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 BINDIR = subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True, text=True).stdout.strip()
 SMALL, LARGE = 200, 1200
+BACKLOG = 1500  # rows BEFORE schedules for the batch and the pass
 
 # call, then for pg_sturdy and for the plain statement: the statement as a
 # PREPARE (so both sides run cached plans, as `pgbench -M prepared` and any
@@ -127,6 +130,28 @@ CASES = [
 ]
 
 
+# What a call's large run must have left, per side: a call that did not do
+# its work (a take that found nothing, a finish refused) costs little and
+# would count as a cheap call, like a failed statement. Checked after the
+# large run, before the next run's BEFORE resets the rows.
+LEFT = {
+    "take + done, a batch": {"sturdy": "SELECT count(*) FROM sturdy.queue WHERE queue = 'batch'",
+                             "plain": "SELECT count(*) FROM seed.workflow_queue WHERE namespace = 'batch'"},
+    "pass: take(claim) + finish": {
+        "sturdy": "SELECT count(*) FROM sturdy.queue WHERE queue = 'pass'",
+        "plain": "SELECT count(*) FROM seed.workflow_queue WHERE namespace = 'pass'"},
+}
+
+
+def rows_left(call, side):
+    """The count LEFT asks for, read in a single-user backend."""
+    out = single_user([LEFT[call][side]]).stdout
+    m = re.search(r'1: count = "(\d+)"', out)
+    if not m:
+        sys.exit(f"{call} {side}: no count in\n{out}")
+    return int(m.group(1))
+
+
 # Run after the PREPARE in both runs of both sides of a call (the same
 # statements, so they cancel in the difference): see the docstring.
 # The warm-up row is removed again, so the calls after schedule's find only
@@ -151,9 +176,9 @@ BEFORE = [
     "DELETE FROM sturdy.queue WHERE queue = 'batch';",
     "DELETE FROM seed.workflow_queue WHERE namespace = 'batch';",
     "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
-    "SELECT 'batch', 'b-' || i, now() - interval '1 second', now() FROM generate_series(1, 1500) i;",
+    f"SELECT 'batch', 'b-' || i, now() - interval '1 second', now() FROM generate_series(1, {BACKLOG}) i;",
     "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
-    "SELECT 'batch', 'b-' || i, now() - interval '1 second' FROM generate_series(1, 1500) i;",
+    f"SELECT 'batch', 'b-' || i, now() - interval '1 second' FROM generate_series(1, {BACKLOG}) i;",
     "DELETE FROM sturdy.queue WHERE queue = 'pass';",
     "DELETE FROM seed.workflow_queue WHERE namespace = 'pass';",
     "DELETE FROM sturdy.claims WHERE workflow LIKE 'p-%';",
@@ -161,9 +186,9 @@ BEFORE = [
     "DELETE FROM seed.workflow_claim WHERE workflow LIKE 'p-%';",
     "DELETE FROM seed.workflow_checkpoint WHERE workflow LIKE 'p-%';",
     "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
-    "SELECT 'pass', 'p-' || i, now() - interval '1 second', now() FROM generate_series(1, 1500) i;",
+    f"SELECT 'pass', 'p-' || i, now() - interval '1 second', now() FROM generate_series(1, {BACKLOG}) i;",
     "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
-    "SELECT 'pass', 'p-' || i, now() - interval '1 second' FROM generate_series(1, 1500) i;",
+    f"SELECT 'pass', 'p-' || i, now() - interval '1 second' FROM generate_series(1, {BACKLOG}) i;",
     "VACUUM ANALYZE sturdy.queue, seed.workflow_queue, sturdy.claims, sturdy.checkpoints, "
     "seed.workflow_claim, seed.workflow_checkpoint;",
 ]
@@ -218,6 +243,9 @@ def main():
             large = instructions(f"{call}-{side}-large",
                                  [prepare, *warmup] + [execute.format(i=i, n=i - SMALL + 1)
                                                        for i in range(SMALL, SMALL + LARGE)])
+            if call in LEFT and rows_left(call, side) != BACKLOG - LARGE:
+                sys.exit(f"{call} {side}: {rows_left(call, side)} rows left after {LARGE} calls, "
+                         f"not {BACKLOG - LARGE}: the calls did not all do their work")
             per[side] = (large - small) / (LARGE - SMALL)
             print(f"{call:9} {side:7} {per[side]:12,.0f} instructions/call", flush=True)
         lines.append(f"| `{call}` | {per['sturdy']:,.0f} | {per['plain']:,.0f} | "
