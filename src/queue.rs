@@ -778,10 +778,14 @@ fn take(
     // others meanwhile while those scheduled since were not yet due by it
     // (measured: `bench/README.md`, eighth session); or the caller's
     // transaction began long ago. So one more scan, from the floor just
-    // kept, takes what is due by the clock, before the take says empty.
+    // kept, takes what is due by the clock, before the take says empty. Not
+    // when `now()` is stale by the lease or more: the lease counts from
+    // `now()`, and would have ended before the row was handed out.
     let clock = pgrx::datum::clock_timestamp();
+    let stale = pg_sys::TimestampTz::from(clock) - pg_sys::TimestampTz::from(now);
     if taken.rows < max as usize
-        && pg_sys::TimestampTz::from(clock) - pg_sys::TimestampTz::from(now) > SLACK
+        && stale > SLACK
+        && i128::from(stale) < lease.as_micros()
         && let Some(at) = FLOORS.with(|f| f.borrow().get(queue.bytes()).map(|fl| fl.at))
     {
         let left = (max as usize - taken.rows) as i64;
@@ -1176,6 +1180,21 @@ mod tests {
         );
         assert_eq!(take().as_deref(), Some("soon"));
         assert_eq!(take(), None);
+        // stale by more than the lease: the lease, counted from now(), would
+        // be over before the row was handed out, so not by the clock
+        Spi::run("SELECT sturdy.schedule('brief', clock_timestamp(), 'stale')").unwrap();
+        Spi::run("SELECT pg_sleep(0.05)").unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(workflow, ',') FROM sturdy.take('stale', '100 milliseconds')"
+            ),
+            None
+        );
+        assert_eq!(
+            one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('stale', '1 hour')")
+                .as_deref(),
+            Some("brief")
+        );
     }
 
     /// take scans from its floor, below the oldest row it took, not from the
