@@ -1167,12 +1167,12 @@ mod tests {
             one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('stale', max => 10)")
         };
         Spi::run(
-            "SELECT sturdy.schedule('soon', clock_timestamp() + interval '50 milliseconds', 'stale');
+            "SELECT sturdy.schedule('soon', clock_timestamp() + interval '500 milliseconds', 'stale');
              SELECT sturdy.schedule('later', clock_timestamp() + interval '1 hour', 'stale');",
         )
         .unwrap();
         assert_eq!(take(), None, "nothing is due yet, by either time");
-        Spi::run("SELECT pg_sleep(0.2)").unwrap();
+        Spi::run("SELECT pg_sleep(0.8)").unwrap();
         assert_eq!(
             one::<bool>("SELECT min(visible_at) > now() FROM sturdy.queue WHERE queue = 'stale'"),
             Some(true),
