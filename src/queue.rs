@@ -781,9 +781,9 @@ fn take(
     // kept, takes what is due by the clock, before the take says empty. Not
     // when `now()` is stale by the lease or more: the lease counts from
     // `now()`, and would have ended before the row was handed out.
-    let clock = pgrx::datum::clock_timestamp();
-    let stale = pg_sys::TimestampTz::from(clock) - pg_sys::TimestampTz::from(now);
     if taken.rows < max as usize
+        && let clock = pgrx::datum::clock_timestamp()
+        && let stale = pg_sys::TimestampTz::from(clock) - pg_sys::TimestampTz::from(now)
         && stale > SLACK
         && i128::from(stale) < lease.as_micros()
         && let Some(at) = FLOORS.with(|f| f.borrow().get(queue.bytes()).map(|fl| fl.at))

@@ -309,35 +309,27 @@ const FINISH_ARGS: &[pg_sys::Oid] = &[
     pg_sys::TEXTOID,
 ];
 
+/// `finish`'s statement for one shape of call.
+macro_rules! finish_statement {
+    ($moves:tt, $records:tt) => {
+        Statement {
+            sql: finish!($moves, $records),
+            args: FINISH_ARGS,
+            writes: true,
+            generic: false,
+        }
+    };
+}
+
 /// `finish`'s statement for each shape of call, by (moves, records).
 static FINISH: [[Statement; 2]; 2] = [
     [
-        Statement {
-            sql: finish!(stays, bare),
-            args: FINISH_ARGS,
-            writes: true,
-            generic: false,
-        },
-        Statement {
-            sql: finish!(stays, records),
-            args: FINISH_ARGS,
-            writes: true,
-            generic: false,
-        },
+        finish_statement!(stays, bare),
+        finish_statement!(stays, records),
     ],
     [
-        Statement {
-            sql: finish!(moves, bare),
-            args: FINISH_ARGS,
-            writes: true,
-            generic: false,
-        },
-        Statement {
-            sql: finish!(moves, records),
-            args: FINISH_ARGS,
-            writes: true,
-            generic: false,
-        },
+        finish_statement!(moves, bare),
+        finish_statement!(moves, records),
     ],
 ];
 
