@@ -625,6 +625,80 @@ def test_concurrent_ticks_and_batches_never_update_a_row_twice():
     assert counts == [(1, 20000)], counts
 
 
+def test_a_take_never_comes_back_empty_holding_a_ready_row():
+    """Two rows rescheduled (past-dated, so always ready) in a tight loop by
+    two sessions while a third takes, one row or a batch, with and without
+    claim, each take its own transaction: a take that returns nothing never
+    holds the lock on a row that is ready. The take that locks a version
+    committed after its statement began must still lease it (or another):
+    before take_from ran again for such rows, 354 of 5,000 takes came back
+    empty holding it."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'rescheduled'")
+        c.execute("DROP SCHEMA IF EXISTS take_race CASCADE")
+        c.execute("CREATE SCHEMA take_race")
+        c.execute("CREATE TABLE take_race.stop ()")
+        c.execute("SELECT sturdy.schedule(w, '2000-01-01', 'rescheduled') FROM unnest(array['hot-a', 'hot-b']) w")
+        c.execute("""
+            CREATE PROCEDURE take_race.churn(w text) LANGUAGE plpgsql AS $$
+            BEGIN
+              WHILE NOT EXISTS (SELECT FROM take_race.stop) LOOP
+                PERFORM sturdy.schedule(w, '2000-01-01', 'rescheduled');
+                COMMIT;
+              END LOOP;
+            END $$""")
+        c.execute("""
+            CREATE PROCEDURE take_race.takes(max int, claim boolean, n int, INOUT taken int, INOUT bad int)
+            LANGUAGE plpgsql AS $$
+            DECLARE got int;
+            BEGIN
+              taken := 0; bad := 0;
+              FOR i IN 1..n LOOP
+                SELECT count(*) INTO got FROM sturdy.take('rescheduled', '1 minute', max, claim);
+                taken := taken + got;
+                IF got = 0 AND EXISTS (
+                    SELECT FROM sturdy.queue
+                     WHERE queue = 'rescheduled' AND visible_at <= now()
+                       AND (leased_until IS NULL OR leased_until <= now())
+                       AND xmax::text = (pg_current_xact_id_if_assigned()::text::bigint % 4294967296)::text) THEN
+                  bad := bad + 1;
+                END IF;
+                COMMIT;
+              END LOOP;
+            END $$""")
+    errors = []
+
+    def churn(w):
+        try:
+            with connect() as c:
+                c.execute("CALL take_race.churn(%s)", (w,))
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(w,)) for w in ("hot-a", "hot-b")]
+    for t in threads:
+        t.start()
+    results = {}
+    try:
+        with connect() as c:
+            for max_, claim in ((1, False), (1, True), (2, False), (2, True)):
+                results[(max_, claim)] = c.execute(
+                    "CALL take_race.takes(%s, %s, 2000, 0, 0)", (max_, claim)).fetchone()
+    finally:
+        with connect() as c:
+            c.execute("INSERT INTO take_race.stop DEFAULT VALUES")
+        for t in threads:
+            t.join()
+        with connect() as c:
+            c.execute("DROP SCHEMA take_race CASCADE")
+            c.execute("DELETE FROM sturdy.queue WHERE queue = 'rescheduled'")
+            c.execute("DELETE FROM sturdy.claims WHERE workflow IN ('hot-a', 'hot-b')")
+    assert not errors, errors
+    # the rows were ready nearly always: most takes got one
+    assert all(taken > 0 for taken, _ in results.values()), results
+    assert all(bad == 0 for _, bad in results.values()), results
+
+
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     passed = failed = 0

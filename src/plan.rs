@@ -158,20 +158,33 @@ pub fn run_as_set(
     stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
 ) -> Result<usize> {
-    run_as_set_then(call, stmt, args, |_| ()).map(|(rows, ())| rows)
+    run_as_set_filled(call, stmt, args, false, |_| ()).map(|(rows, ())| rows)
 }
 
 /// [`run_as_set`], then `then` reads the same rows (columns past the declared
-/// result's included) before the connection closes. Called again in the same
-/// call, it appends to the result.
+/// result's included) before the connection closes. Rows whose first column
+/// is NULL are `then`'s alone: the statement's word about something that is
+/// not a result (`take`'s rows locked but not leased), kept out of the
+/// result and its count. Called again in the same call, it appends to the
+/// result.
 pub fn run_as_set_then<R>(
     call: &Args,
     stmt: &'static Statement,
     args: &[DatumWithOid<'_>],
     then: impl FnOnce(Rows) -> R,
 ) -> Result<(usize, R)> {
+    run_as_set_filled(call, stmt, args, true, then)
+}
+
+fn run_as_set_filled<R>(
+    call: &Args,
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+    skip_null_first: bool,
+    then: impl FnOnce(Rows) -> R,
+) -> Result<(usize, R)> {
     let fill = || {
-        let rows = fill_result(call)?;
+        let rows = fill_result(call, skip_null_first)?;
         Ok((rows, then(last_rows())))
     };
     if !stmt.generic {
@@ -335,7 +348,7 @@ pub fn run_generic<R>(
 /// the set-returning function `call` (after the rows already there, when
 /// called twice). The statement's leading columns are the declared result's;
 /// columns after them are the caller's to read, not returned.
-fn fill_result(call: &Args) -> Result<usize> {
+fn fill_result(call: &Args, skip_null_first: bool) -> Result<usize> {
     let fcinfo = call.fcinfo();
     // SAFETY: `fcinfo` is the live call (`Args` exists only inside one) of a
     // set-returning function (InitMaterializedSRF, run once per call, checks
@@ -372,12 +385,17 @@ fn fill_result(call: &Args) -> Result<usize> {
         // deformed whole, stored by its leading `natts` values
         let mut values = vec![pg_sys::Datum::from(0); (*from).natts as usize];
         let mut nulls = vec![false; (*from).natts as usize];
+        let mut stored = 0;
         for i in 0..rows {
             let tuple = *(*table).vals.add(i);
             pg_sys::heap_deform_tuple(tuple, from, values.as_mut_ptr(), nulls.as_mut_ptr());
+            if skip_null_first && nulls.first() == Some(&true) {
+                continue;
+            }
             pg_sys::tuplestore_putvalues(store, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+            stored += 1;
         }
-        Ok(rows)
+        Ok(stored)
     }
 }
 
