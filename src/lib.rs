@@ -7,6 +7,7 @@
 //! - `args`: argument checks, into validated values;
 //! - `fmgr`: how Postgres calls us and how errors leave with their SQLSTATE;
 //! - `plan`: statements prepared once per backend, set-returning results;
+//! - `keyed`: deleting one row by primary key without a statement;
 //! - `sequence`: reading a sequence of ours without a statement;
 //! - `subxact`: subtransactions and calling a caller's function.
 //!
@@ -27,6 +28,8 @@ pub mod error;
 pub mod fmgr;
 #[allow(unsafe_code)]
 pub mod fragment;
+#[allow(unsafe_code)]
+pub mod keyed;
 #[allow(unsafe_code)]
 pub mod plan;
 #[allow(unsafe_code)]

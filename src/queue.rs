@@ -44,6 +44,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pg_sturdy_macros::sql_function;
+use pgrx::IntoDatum;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 
@@ -52,6 +53,7 @@ use crate::checkpoint;
 use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
+use crate::keyed;
 use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{Position, Rescans, SLACK, START, ScanFrom, floor_after, time_param};
 
@@ -396,6 +398,9 @@ statements!(
     ],
     true
 );
+
+/// The queue's table, for `done` by key without a statement.
+static QUEUE: keyed::Table = keyed::Table::new(c"sturdy", c"queue");
 
 /// Remove the row under the receipt rule. Whether it went is SPI's count of
 /// rows processed: a `RETURNING` would make SPI build a result table (a
@@ -944,6 +949,17 @@ fn done(
     let workflow = args::name("workflow", workflow)?;
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
+    // [`DONE`]'s work, without the statement, where nothing it would do is
+    // skipped that way (see `keyed`)
+    if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
+        && let Some(done) = QUEUE.delete_if(
+            [(c"queue", q), (c"workflow", w)],
+            c"leased_until",
+            receipt.into(),
+        )?
+    {
+        return Ok(done);
+    }
     run_one(
         schema::pick(&DONE, &DONE_RELEASED),
         &[workflow.into(), receipt.into(), queue.into()],
@@ -1423,6 +1439,93 @@ mod tests {
             one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t"),
             Some(false)
         );
+    }
+
+    #[pg_test]
+    fn done_deletes_by_key_without_a_statement_and_with_one_where_a_trigger_must_fire() {
+        let served = crate::keyed::served;
+        Spi::run(
+            "SELECT sturdy.schedule(w, now() - interval '1 second') FROM unnest(array['k1', 'k2', 'k3']) w;
+             CREATE TEMP TABLE t AS SELECT * FROM sturdy.take(max => 3);",
+        )
+        .unwrap();
+        let before = served();
+        assert_eq!(
+            one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t WHERE workflow = 'k1'"),
+            Some(true)
+        );
+        assert_eq!(served(), before + 1, "by key, without a statement");
+        assert_eq!(
+            one::<bool>(
+                "SELECT sturdy.done(workflow, receipt + interval '1 us') FROM t WHERE workflow = 'k2'"
+            ),
+            Some(false),
+            "the receipt rule holds that way too"
+        );
+        assert_eq!(served(), before + 2);
+        // a trigger on the queue (an audit, a foreign key to it) must fire:
+        // the statement, which fires it
+        Spi::run(
+            "CREATE TEMP TABLE gone (workflow text);
+             CREATE FUNCTION pg_temp.note_gone() RETURNS trigger LANGUAGE plpgsql AS
+               $f$BEGIN INSERT INTO gone VALUES (OLD.workflow); RETURN OLD; END$f$;
+             CREATE TRIGGER note_gone AFTER DELETE ON sturdy.queue
+               FOR EACH ROW EXECUTE FUNCTION pg_temp.note_gone();",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t WHERE workflow = 'k2'"),
+            Some(true)
+        );
+        assert_eq!(served(), before + 2, "through the statement");
+        assert_eq!(
+            one::<String>("SELECT string_agg(workflow, ',') FROM gone").as_deref(),
+            Some("k2")
+        );
+        Spi::run("DROP TRIGGER note_gone ON sturdy.queue").unwrap();
+        assert_eq!(
+            one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t WHERE workflow = 'k3'"),
+            Some(true)
+        );
+        assert_eq!(
+            served(),
+            before + 3,
+            "without it again once the trigger is gone"
+        );
+        assert_eq!(count("sturdy.queue"), 0);
+    }
+
+    #[pg_test]
+    fn done_is_refused_as_its_delete_is_without_the_privilege_or_in_a_read_only_transaction() {
+        Spi::run(
+            "SELECT sturdy.schedule('ro', now() - interval '1 second');
+             CREATE TEMP TABLE t AS SELECT * FROM sturdy.take();
+             GRANT SELECT ON t TO PUBLIC;
+             CREATE ROLE sturdy_test_reader;
+             GRANT USAGE ON SCHEMA sturdy TO sturdy_test_reader;
+             GRANT EXECUTE ON FUNCTION sturdy.done(text, timestamptz, text) TO sturdy_test_reader;
+             GRANT SELECT ON sturdy.queue TO sturdy_test_reader;",
+        )
+        .unwrap();
+        let done = "SELECT sturdy.done(workflow, receipt) FROM pg_temp.t";
+        Spi::run("SET LOCAL ROLE sturdy_test_reader").unwrap();
+        assert_eq!(sqlstate_of(done), "42501", "no DELETE on sturdy.queue");
+        Spi::run(
+            "RESET ROLE;
+             REVOKE SELECT ON sturdy.queue FROM sturdy_test_reader;
+             GRANT DELETE ON sturdy.queue TO sturdy_test_reader;
+             SET LOCAL ROLE sturdy_test_reader;",
+        )
+        .unwrap();
+        assert_eq!(
+            sqlstate_of(done),
+            "42501",
+            "DELETE, but no SELECT on the columns it tests"
+        );
+        Spi::run("RESET ROLE").unwrap();
+        Spi::run("SET LOCAL transaction_read_only = on").unwrap();
+        assert_eq!(sqlstate_of(done), "25006");
+        assert_eq!(count("sturdy.queue"), 1, "nothing removed");
     }
 
     #[pg_test]
