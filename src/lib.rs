@@ -7,7 +7,7 @@
 //! - `args`: argument checks, into validated values;
 //! - `fmgr`: how Postgres calls us and how errors leave with their SQLSTATE;
 //! - `plan`: statements prepared once per backend, set-returning results;
-//! - `keyed`: deleting one row by primary key without a statement;
+//! - `access`: the queue's hot rows read and written through the access methods, without a statement;
 //! - `sequence`: reading a sequence of ours without a statement;
 //! - `subxact`: subtransactions and calling a caller's function.
 //!
@@ -20,6 +20,8 @@
 
 ::pgrx::pg_module_magic!();
 
+#[allow(unsafe_code)]
+pub mod access;
 pub mod args;
 #[allow(unsafe_code)]
 pub mod datum;
@@ -28,8 +30,6 @@ pub mod error;
 pub mod fmgr;
 #[allow(unsafe_code)]
 pub mod fragment;
-#[allow(unsafe_code)]
-pub mod keyed;
 #[allow(unsafe_code)]
 pub mod plan;
 #[allow(unsafe_code)]

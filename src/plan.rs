@@ -399,6 +399,51 @@ fn fill_result(call: &Args, skip_null_first: bool) -> Result<usize> {
     }
 }
 
+/// Make the set-returning function `call` return a (so far empty) result in
+/// materialize mode, as [`run_as_set`] does before it appends a statement's
+/// rows: a call that appends its rows itself ([`append_row`]) must, even when
+/// it appends none, or the executor reads its NULL result as a row.
+pub fn begin_result(call: &Args) {
+    let fcinfo = call.fcinfo();
+    // SAFETY: as in `fill_result`: the live call of a set-returning function;
+    // InitMaterializedSRF checks that the caller accepts a tuplestore.
+    unsafe {
+        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        if rsinfo.is_null() || (*rsinfo).setResult.is_null() {
+            pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
+        }
+    }
+}
+
+/// Append one row of values read here (a row `access` leased) to the result
+/// of the set-returning function `call`, as [`run_as_set`] appends a
+/// statement's: the values of the declared result columns, in order and of
+/// their types; `None` is NULL. The tuplestore copies them.
+pub fn append_row(call: &Args, values: &[Option<pg_sys::Datum>]) -> Result<()> {
+    begin_result(call);
+    let fcinfo = call.fcinfo();
+    // SAFETY: as in `fill_result`, the result begun just above; one datum of
+    // each declared column's type (checked in count here, in type by the
+    // caller, next to its `#[sql_function]`).
+    unsafe {
+        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
+        let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+        if (*desc).natts as usize != values.len() {
+            return Err(Error::Internal {
+                context: "set-returning function",
+                cause: "a row of another width than the declared result".into(),
+            });
+        }
+        let mut datums: Vec<pg_sys::Datum> = values
+            .iter()
+            .map(|v| v.unwrap_or(pg_sys::Datum::from(0)))
+            .collect();
+        let mut nulls: Vec<bool> = values.iter().map(Option::is_none).collect();
+        pg_sys::tuplestore_putvalues(store, desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
+    }
+    Ok(())
+}
+
 /// Make rows of values computed here the result of the set-returning
 /// function `call` (a summary such as `pump`'s counts). Each row has the
 /// values of the declared result columns, in order and of their types;

@@ -48,12 +48,12 @@ use pgrx::IntoDatum;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 
+use crate::access;
 use crate::args::{self, Name};
 use crate::checkpoint;
 use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::keyed;
 use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{Position, Rescans, SLACK, START, ScanFrom, floor_after, time_param};
 
@@ -399,8 +399,34 @@ statements!(
     true
 );
 
-/// The queue's table, for `done` by key without a statement.
-static QUEUE: keyed::Table = keyed::Table::new(c"sturdy", c"queue");
+/// The queue's table, for `done` and a one-row `take` without a statement
+/// (see `access`); its columns by position.
+static QUEUE: access::Table = access::Table::new(
+    c"sturdy",
+    c"queue",
+    &[
+        c"queue",
+        c"workflow",
+        c"leased_until",
+        c"visible_at",
+        c"seq",
+        c"taken_at",
+        c"takes",
+    ],
+);
+const Q_QUEUE: access::Col = access::Col(0);
+const Q_WORKFLOW: access::Col = access::Col(1);
+const Q_LEASED_UNTIL: access::Col = access::Col(2);
+
+static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
+    queue: Q_QUEUE,
+    visible_at: access::Col(3),
+    seq: access::Col(4),
+    leased_until: Q_LEASED_UNTIL,
+    taken_at: access::Col(5),
+    takes: access::Col(6),
+    key: Q_WORKFLOW,
+};
 
 /// Remove the row under the receipt rule. Whether it went is SPI's count of
 /// rows processed: a `RETURNING` would make SPI build a result table (a
@@ -694,6 +720,11 @@ fn take_from(
     due: TimestampWithTimeZone,
     batch: bool,
 ) -> Result<Taken> {
+    if std::ptr::eq(stmt, &TAKE_ONE)
+        && let Some(taken) = lease_one(call, queue, lease, from, due)?
+    {
+        return Ok(taken);
+    }
     let at = time_param(from.0);
     let mut taken = Taken {
         rows: 0,
@@ -733,6 +764,46 @@ fn take_from(
         }
     }
     Ok(taken)
+}
+
+/// [`TAKE_ONE`]'s work without the statement (see `access`), where nothing
+/// it would do is skipped that way; `None` where the statement must run.
+fn lease_one(
+    call: &Args,
+    queue: Name,
+    lease: Interval,
+    from: Position,
+    due: TimestampWithTimeZone,
+) -> Result<Option<Taken>> {
+    let Some(q) = queue.into_datum() else {
+        return Ok(None);
+    };
+    plan::begin_result(call);
+    // as the statement computes them: `now()` and `now() + lease`
+    let now = pgrx::datum::now();
+    let until = pg_sys::TimestampTz::from(now + lease);
+    let mut place = None;
+    let mut appended = Ok(());
+    let leased = QUEUE.lease_first(
+        &LEASE_COLUMNS,
+        q,
+        from,
+        due.into(),
+        until,
+        now.into(),
+        |row| {
+            place = Some(row.place);
+            appended = plan::append_row(
+                call,
+                &[Some(row.key), Some(pg_sys::Datum::from(until)), None],
+            );
+        },
+    )?;
+    appended?;
+    Ok(leased.map(|any| Taken {
+        rows: usize::from(any),
+        oldest: place,
+    }))
 }
 
 /// Returns its rows through the call (see `plan::run_as_set`).
@@ -950,11 +1021,11 @@ fn done(
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
     // [`DONE`]'s work, without the statement, where nothing it would do is
-    // skipped that way (see `keyed`)
+    // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
         && let Some(done) = QUEUE.delete_if(
-            [(c"queue", q), (c"workflow", w)],
-            c"leased_until",
+            [(Q_QUEUE, q), (Q_WORKFLOW, w)],
+            Q_LEASED_UNTIL,
             receipt.into(),
         )?
     {
@@ -1443,7 +1514,7 @@ mod tests {
 
     #[pg_test]
     fn done_deletes_by_key_without_a_statement_and_with_one_where_a_trigger_must_fire() {
-        let served = crate::keyed::served;
+        let served = crate::access::served;
         Spi::run(
             "SELECT sturdy.schedule(w, now() - interval '1 second') FROM unnest(array['k1', 'k2', 'k3']) w;
              CREATE TEMP TABLE t AS SELECT * FROM sturdy.take(max => 3);",
@@ -1493,6 +1564,133 @@ mod tests {
             "without it again once the trigger is gone"
         );
         assert_eq!(count("sturdy.queue"), 0);
+    }
+
+    #[pg_test]
+    fn a_one_row_take_leases_without_a_statement_and_with_one_where_a_trigger_must_fire() {
+        let served = crate::access::served;
+        Spi::run(
+            "SELECT sturdy.schedule('t1', now() - interval '2 seconds');
+             SELECT sturdy.schedule('t2', now() - interval '1 second');",
+        )
+        .unwrap();
+        let before = served();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take()").as_deref(),
+            Some("t1")
+        );
+        assert_eq!(served(), before + 1, "leased without a statement");
+        assert_eq!(
+            one::<bool>(
+                "SELECT leased_until = now() + interval '1 minute' AND taken_at = now() AND takes = 1
+                        AND visible_at = now() - interval '2 seconds' AND scheduled_at = now()
+                   FROM sturdy.queue WHERE workflow = 't1'"
+            ),
+            Some(true),
+            "the lease written as the statement writes it, the rest kept"
+        );
+        Spi::run(
+            "CREATE TEMP TABLE leased (workflow text);
+             CREATE FUNCTION pg_temp.note_leased() RETURNS trigger LANGUAGE plpgsql AS
+               $f$BEGIN INSERT INTO leased VALUES (NEW.workflow); RETURN NEW; END$f$;
+             CREATE TRIGGER note_leased AFTER UPDATE ON sturdy.queue
+               FOR EACH ROW EXECUTE FUNCTION pg_temp.note_leased();",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take()").as_deref(),
+            Some("t2")
+        );
+        assert_eq!(
+            served(),
+            before + 1,
+            "through the statement, which fires the trigger"
+        );
+        assert_eq!(
+            one::<String>("SELECT string_agg(workflow, ',') FROM leased").as_deref(),
+            Some("t2")
+        );
+        Spi::run("DROP TRIGGER note_leased ON sturdy.queue").unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take()"), Some(0));
+        assert!(served() > before + 1, "without it again");
+        Spi::run("SELECT sturdy.schedule('t3', now() - interval '1 second')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT workflow || ':' || (token IS NULL) FROM sturdy.take()")
+                .as_deref(),
+            Some("t3:true"),
+            "a row past the last floor, found from the start; no claim, no token"
+        );
+    }
+
+    #[pg_test]
+    fn a_take_that_cannot_lease_in_place_indexes_the_new_version() {
+        let served = crate::access::served;
+        // rows of ~580 bytes filling fresh pages (a new, empty file: nothing
+        // on them to prune): a leased version (16 bytes more) fits on none
+        // of them, so the update cannot be HOT
+        Spi::run(
+            "CREATE EXTENSION IF NOT EXISTS amcheck;
+             TRUNCATE sturdy.queue;
+             ALTER TABLE sturdy.queue SET (fillfactor = 100);
+             SELECT sturdy.schedule('nohot-' || lpad(i::text, 3, '0') || repeat('x', 500),
+                                    now() - interval '1 second', 'nohot')
+               FROM generate_series(1, 60) i;",
+        )
+        .unwrap();
+        let first =
+            "SELECT (ctid::text::point)[0] FROM sturdy.queue WHERE workflow LIKE 'nohot-001%'";
+        let page = one::<f64>(first);
+        let before = served();
+        assert_eq!(
+            one::<bool>("SELECT workflow LIKE 'nohot-001%' FROM sturdy.take('nohot')"),
+            Some(true)
+        );
+        assert_eq!(served(), before + 1, "leased without a statement");
+        assert_ne!(
+            one::<f64>(first),
+            page,
+            "the new version went to another page"
+        );
+        assert_eq!(
+            one::<i64>(
+                "SELECT pg_stat_get_xact_tuples_updated('sturdy.queue'::regclass)
+                      - pg_stat_get_xact_tuples_hot_updated('sturdy.queue'::regclass)"
+            ),
+            Some(1),
+            "one update, not HOT"
+        );
+        Spi::run("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off").unwrap();
+        assert_eq!(
+            one::<bool>(
+                "SELECT leased_until IS NOT NULL FROM sturdy.queue
+                  WHERE queue = 'nohot' AND workflow = (SELECT workflow FROM sturdy.queue
+                                                         WHERE workflow LIKE 'nohot-001%')"
+            ),
+            Some(true),
+            "the primary key finds the new version"
+        );
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM sturdy.queue WHERE queue = 'nohot' AND visible_at <= now()"
+            ),
+            Some(60),
+            "and so does take's index"
+        );
+        Spi::run(
+            "SELECT bt_index_check('sturdy.queue_pkey', true), bt_index_check('sturdy.queue_visible', true)",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<bool>(
+                "SELECT sturdy.done(workflow, leased_until, 'nohot') FROM sturdy.queue
+                  WHERE workflow LIKE 'nohot-001%'"
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.queue WHERE queue = 'nohot'"),
+            Some(59)
+        );
     }
 
     #[pg_test]

@@ -1,0 +1,821 @@
+//! The queue's two hottest row operations done through the table and index
+//! access methods, without a statement: `done`'s delete by primary key
+//! ([`Table::delete_if`]) and a one-row `take`'s lease ([`Table::lease_first`]).
+//!
+//! A statement run through SPI pays, on every call, for the plan cache's
+//! checks, an executor started and shut down around its plan and SPI's own
+//! bookkeeping. For `done`, which deletes one row by key, that was most of its
+//! cost over the plain `DELETE` a client sends (starting the `ModifyTable`
+//! alone: ~14k instructions); for a one-row take, starting the plan of its
+//! CTEs (lock, limit, index scan, update, TID scan, the join of the two) was
+//! ~70k of 281k (bench/README.md, ninth session). Here the same work is what
+//! the plan's nodes would do at run time: index descents, tuple locks,
+//! `table_tuple_delete` and `table_tuple_update`.
+//!
+//! Only where nothing a statement would also do is skipped: the table must be
+//! a plain table with no triggers (foreign keys that reference it are
+//! triggers), no rules and no row-level security, its indexes plain btrees on
+//! columns (no expressions, no predicates, no deferred uniqueness, so that an
+//! update that cannot be HOT inserts its entries as the executor would); the
+//! caller must hold, at the table level, the privileges the statement needs
+//! (`DELETE` or `UPDATE`, and `SELECT`); the transaction must be read-write.
+//! Where any of that does not hold, the call answers `None` and the caller
+//! runs its statement, which does what the executor does and raises what it
+//! raises. What the executor does when a row changes under it is done here
+//! too: a row locked or deleted by another transaction is waited for (the
+//! delete) or skipped (the lease, as `SKIP LOCKED`); one updated and
+//! committed since the snapshot is followed to its newest version and
+//! rechecked, read committed, as EvalPlanQual would, and under repeatable read
+//! or serializable fails with `40001`. Predicate locks, WAL, statistics and a
+//! publication's replica identity are the access methods' own work, or checked
+//! as the executor checks them.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
+
+use crate::error::{Error, Result};
+
+/// A table of ours by schema and name, with the columns its calls use.
+pub struct Table {
+    schema: &'static CStr,
+    name: &'static CStr,
+    /// Column names, referred to by position in the calls (see [`Col`]).
+    columns: &'static [&'static CStr],
+}
+
+/// A column of a [`Table`], by its position in the table's `columns`.
+#[derive(Clone, Copy)]
+pub struct Col(pub usize);
+
+/// What was found out about a table, until its next relcache invalidation.
+#[derive(Clone)]
+struct Known {
+    relid: pg_sys::Oid,
+    /// `None`: the table cannot be served here (see the module comment); the
+    /// caller runs its statement.
+    shape: Option<Shape>,
+}
+
+#[derive(Clone)]
+struct Shape {
+    /// The attribute number of each of the table's `columns`, and its type.
+    attnums: Vec<pg_sys::AttrNumber>,
+    types: Vec<pg_sys::Oid>,
+    /// Every index, with its key columns' attribute numbers, in order.
+    indexes: Vec<(pg_sys::Oid, Vec<pg_sys::AttrNumber>)>,
+    /// The primary key.
+    pkey: pg_sys::Oid,
+}
+
+impl Shape {
+    /// The index whose key columns are exactly `cols`, in that order.
+    fn index_on(&self, cols: &[Col]) -> Option<pg_sys::Oid> {
+        let want: Vec<_> = cols.iter().map(|c| self.attnums[c.0]).collect();
+        self.indexes
+            .iter()
+            .find(|(_, keys)| *keys == want)
+            .map(|(oid, _)| *oid)
+    }
+}
+
+thread_local! {
+    static KNOWN: RefCell<Vec<(*const Table, Known)>> = const { RefCell::new(Vec::new()) };
+    static WATCHING: Cell<bool> = const { Cell::new(false) };
+    /// Calls served here, for the tests to see which way a call went.
+    #[cfg(any(test, feature = "pg_test"))]
+    static SERVED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many calls this backend served here (tests only).
+#[cfg(any(test, feature = "pg_test"))]
+pub fn served() -> u64 {
+    SERVED.with(Cell::get)
+}
+
+fn count_served() {
+    #[cfg(any(test, feature = "pg_test"))]
+    SERVED.with(|n| n.set(n.get() + 1));
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    // a table's own invalidation also comes when an index is created or
+    // dropped on it, or its columns change; an index's, when it is rebuilt
+    KNOWN.with(|k| {
+        k.borrow_mut().retain(|(_, known)| {
+            relid != pg_sys::InvalidOid
+                && known.relid != relid
+                && !known
+                    .shape
+                    .as_ref()
+                    .is_some_and(|s| s.indexes.iter().any(|(oid, _)| *oid == relid))
+        })
+    });
+}
+
+/// A row `lease_first` leased: the call reads it before its buffer goes.
+pub struct Leased {
+    /// The row's `text` key column, pointing into the new row version.
+    pub key: pg_sys::Datum,
+    /// Its place in the scan's order, before the lease.
+    pub place: (pg_sys::TimestampTz, i64),
+}
+
+/// The columns [`Table::lease_first`] works on.
+pub struct LeaseColumns {
+    /// The index it scans: (queue, visible_at, seq).
+    pub queue: Col,
+    pub visible_at: Col,
+    pub seq: Col,
+    /// Due when NULL or at or before `due`; set to the lease's end.
+    pub leased_until: Col,
+    /// Set to `now`.
+    pub taken_at: Col,
+    /// One more.
+    pub takes: Col,
+    /// Returned.
+    pub key: Col,
+}
+
+/// A relation opened for writing, closed (its lock kept) when dropped.
+struct Open(pg_sys::Relation);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        // SAFETY: opened by us in this transaction; the lock stays until its
+        // end, as a statement's does. Also run while an error raised beneath
+        // us unwinds (pgrx has turned it into a panic by then, with
+        // Postgres's error state flushed); closing is then what the abort's
+        // cleanup would have done.
+        unsafe { pg_sys::relation_close(self.0, pg_sys::NoLock as _) }
+    }
+}
+
+impl Table {
+    pub const fn new(
+        schema: &'static CStr,
+        name: &'static CStr,
+        columns: &'static [&'static CStr],
+    ) -> Self {
+        Table {
+            schema,
+            name,
+            columns,
+        }
+    }
+
+    /// What this backend knows of the table, `None` when it does not exist.
+    fn known(&'static self) -> Option<Known> {
+        // SAFETY: catalog lookups inside a transaction (we are called from a
+        // statement); the callback is registered once per backend and only
+        // clears our cache.
+        unsafe {
+            if !WATCHING.with(Cell::get) {
+                pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
+                WATCHING.with(|w| w.set(true));
+            }
+            // a cached OID may be of a table dropped since
+            pg_sys::AcceptInvalidationMessages();
+        }
+        let me: *const Table = self;
+        if let Some(known) = KNOWN.with(|k| {
+            k.borrow()
+                .iter()
+                .find(|(t, _)| *t == me)
+                .map(|(_, k)| k.clone())
+        }) {
+            return Some(known);
+        }
+        // SAFETY: as above; the names are NUL-terminated.
+        let known = unsafe {
+            let namespace = pg_sys::get_namespace_oid(self.schema.as_ptr(), true);
+            if namespace == pg_sys::InvalidOid {
+                return None;
+            }
+            let relid = pg_sys::get_relname_relid(self.name.as_ptr(), namespace);
+            if relid == pg_sys::InvalidOid {
+                return None;
+            }
+            Known {
+                relid,
+                shape: shape(relid, self.columns),
+            }
+        };
+        KNOWN.with(|k| k.borrow_mut().push((me, known.clone())));
+        Some(known)
+    }
+
+    /// The table opened for a write that needs `privileges` (besides
+    /// `SELECT`), with its shape; `None` where a statement must do it.
+    ///
+    /// # Safety
+    /// Inside a transaction.
+    unsafe fn open(&'static self, privilege: u32) -> Option<(Open, Shape)> {
+        let Known {
+            relid,
+            shape: Some(shape),
+        } = self.known()?
+        else {
+            return None;
+        };
+        unsafe {
+            // one privilege at a time: given several, pg_class_aclcheck
+            // answers whether the role holds any of them
+            let user = pg_sys::GetUserId();
+            let holds = |privilege: u32| {
+                pg_sys::pg_class_aclcheck(relid, user, privilege as pg_sys::AclMode)
+                    == pg_sys::AclResult::ACLCHECK_OK
+            };
+            if pg_sys::XactReadOnly || !holds(privilege) || !holds(pg_sys::ACL_SELECT) {
+                return None;
+            }
+            let rel = Open(pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _));
+            let class = &*(*rel.0).rd_rel;
+            if class.relkind as u8 != pg_sys::RELKIND_RELATION
+                || !(*rel.0).trigdesc.is_null()
+                || !(*rel.0).rd_rules.is_null()
+                || class.relrowsecurity
+            {
+                return None;
+            }
+            Some((rel, shape))
+        }
+    }
+
+    /// Delete the row whose primary key is `key` (two `text` columns, in the
+    /// primary key's order) if its `timestamptz` column `check` equals
+    /// `equals`: whether a row went. `None` when it cannot be done here (see
+    /// the module comment): nothing was done, and the caller runs its
+    /// statement.
+    pub fn delete_if(
+        &'static self,
+        key: [(Col, pg_sys::Datum); 2],
+        check: Col,
+        equals: pg_sys::TimestampTz,
+    ) -> Result<Option<bool>> {
+        // SAFETY: inside a transaction; the relations opened here are closed
+        // before we return (see `Open`), the snapshot registered is
+        // unregistered, the slot and the scans are released. On an error
+        // Postgres raises beneath us, its abort releases all of them.
+        unsafe {
+            let Some((rel, shape)) = self.open(pg_sys::ACL_DELETE) else {
+                return Ok(None);
+            };
+            if shape.index_on(&[key[0].0, key[1].0]) != Some(shape.pkey) {
+                return Ok(None);
+            }
+            let index = Open(pg_sys::index_open(shape.pkey, pg_sys::AccessShareLock as _));
+            pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_DELETE);
+            // see what the commands before ours in this transaction did, as
+            // SPI does before each statement
+            pg_sys::CommandCounterIncrement();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            let check = shape.attnums[check.0];
+            let outcome = loop {
+                let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+                let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+                for (i, (k, (_, v))) in keys.iter_mut().zip(key).enumerate() {
+                    equal_key(k, index.0, i, v);
+                }
+                let scan = begin_scan(rel.0, index.0, snapshot, &mut keys);
+                let mut found = None;
+                if pg_sys::index_getnext_slot(
+                    scan,
+                    pg_sys::ScanDirection::ForwardScanDirection,
+                    slot,
+                ) && timestamptz(slot, check) == Some(equals)
+                {
+                    found = Some((*slot).tts_tid);
+                }
+                pg_sys::index_endscan(scan);
+                pg_sys::ExecClearTuple(slot);
+                let Some(mut tid) = found else {
+                    pg_sys::UnregisterSnapshot(snapshot);
+                    break Ok(false);
+                };
+                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+                let result = pg_sys::table_tuple_delete(
+                    rel.0,
+                    &mut tid,
+                    cid,
+                    snapshot,
+                    std::ptr::null_mut(),
+                    true,
+                    &mut failure,
+                    false,
+                );
+                pg_sys::UnregisterSnapshot(snapshot);
+                match result {
+                    pg_sys::TM_Result::TM_Ok => break Ok(true),
+                    // deleted by this very command already
+                    pg_sys::TM_Result::TM_SelfModified => break Ok(false),
+                    pg_sys::TM_Result::TM_Updated if repeatable() => {
+                        break Err(serialization("update"));
+                    }
+                    pg_sys::TM_Result::TM_Deleted if repeatable() => {
+                        break Err(serialization("delete"));
+                    }
+                    // committed under us (the access method waited for it):
+                    // look again, as of now
+                    pg_sys::TM_Result::TM_Updated => continue,
+                    pg_sys::TM_Result::TM_Deleted => break Ok(false),
+                    other => break Err(unexpected("table_tuple_delete", other)),
+                }
+            };
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            count_served();
+            outcome.map(Some)
+        }
+    }
+
+    /// Lease the first row of queue `queue` at or after the place `from` in
+    /// (visible_at, seq) order that is due by `due` (`visible_at` and any
+    /// lease's end at or before it) and not locked by another transaction
+    /// (skipped, as `FOR UPDATE SKIP LOCKED` does): its lease ends `until`,
+    /// it was taken `now`, taken once more. `leased` reads the row before its
+    /// buffer is released. `None` when it cannot be done here (see the
+    /// module comment), with nothing done; `Some(false)` when no row was
+    /// leased.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lease_first(
+        &'static self,
+        c: &LeaseColumns,
+        queue: pg_sys::Datum,
+        from: (pg_sys::TimestampTz, i64),
+        due: pg_sys::TimestampTz,
+        until: pg_sys::TimestampTz,
+        now: pg_sys::TimestampTz,
+        leased: impl FnOnce(Leased),
+    ) -> Result<Option<bool>> {
+        // SAFETY: as in `delete_if`; the new row version is formed from the
+        // locked one's values with the table's own descriptor.
+        unsafe {
+            let Some((rel, shape)) = self.open(pg_sys::ACL_UPDATE) else {
+                return Ok(None);
+            };
+            let Some(scan_index) = shape.index_on(&[c.queue, c.visible_at, c.seq]) else {
+                return Ok(None);
+            };
+            let [
+                visible_at,
+                seq,
+                leased_until,
+                taken_at,
+                takes,
+                key,
+                queue_col,
+            ] = [
+                c.visible_at,
+                c.seq,
+                c.leased_until,
+                c.taken_at,
+                c.takes,
+                c.key,
+                c.queue,
+            ]
+            .map(|col| shape.attnums[col.0]);
+            if shape.types[c.takes.0] != pg_sys::INT4OID
+                || shape.types[c.seq.0] != pg_sys::INT8OID
+                || shape.types[c.key.0] != pg_sys::TEXTOID
+            {
+                return Ok(None);
+            }
+            let index = Open(pg_sys::index_open(scan_index, pg_sys::AccessShareLock as _));
+            pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
+            pg_sys::CommandCounterIncrement();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+            // queue = $queue AND (visible_at, seq) >= $from AND visible_at <= $due
+            let mut row: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+            // (attribute numbers of the index's columns, not the table's)
+            pg_sys::ScanKeyEntryInitialize(
+                &mut row[0],
+                pg_sys::SK_ROW_MEMBER as i32,
+                2,
+                pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::InvalidOid,
+                pg_sys::InvalidOid,
+                pg_sys::Oid::from(pg_sys::F_TIMESTAMPTZ_CMP),
+                pg_sys::Datum::from(from.0),
+            );
+            pg_sys::ScanKeyEntryInitialize(
+                &mut row[1],
+                (pg_sys::SK_ROW_MEMBER | pg_sys::SK_ROW_END) as i32,
+                3,
+                pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::InvalidOid,
+                pg_sys::InvalidOid,
+                pg_sys::Oid::from(pg_sys::F_BTINT8CMP),
+                pg_sys::Datum::from(from.1),
+            );
+            let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
+            equal_key(&mut keys[0], index.0, 0, queue);
+            keys[1].sk_flags = pg_sys::SK_ROW_HEADER as i32;
+            keys[1].sk_attno = 2;
+            keys[1].sk_strategy = pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber;
+            keys[1].sk_argument = pg_sys::Datum::from(row.as_mut_ptr());
+            pg_sys::ScanKeyEntryInitialize(
+                &mut keys[2],
+                0,
+                2,
+                pg_sys::BTLessEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::InvalidOid,
+                pg_sys::InvalidOid,
+                pg_sys::Oid::from(pg_sys::F_TIMESTAMPTZ_LE),
+                pg_sys::Datum::from(due),
+            );
+            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys);
+            let found = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            let locked = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            let is_due = |slot: *mut pg_sys::TupleTableSlot| {
+                let place = (timestamptz(slot, visible_at), int8(slot, seq));
+                let lease = timestamptz(slot, leased_until);
+                match place {
+                    (Some(v), Some(s))
+                        if v <= due && (v, s) >= from && lease.is_none_or(|l| l <= due) =>
+                    {
+                        Some((v, s))
+                    }
+                    _ => None,
+                }
+            };
+            let flags = if repeatable() {
+                0
+            } else {
+                pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8
+            };
+            let mut outcome = Ok(false);
+            while pg_sys::index_getnext_slot(
+                scan,
+                pg_sys::ScanDirection::ForwardScanDirection,
+                found,
+            ) {
+                if is_due(found).is_none() {
+                    continue;
+                }
+                let mut tid = (*found).tts_tid;
+                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+                let result = pg_sys::table_tuple_lock(
+                    rel.0,
+                    &mut tid,
+                    snapshot,
+                    locked,
+                    cid,
+                    pg_sys::LockTupleMode::LockTupleExclusive,
+                    pg_sys::LockWaitPolicy::LockWaitSkip,
+                    flags,
+                    &mut failure,
+                );
+                match result {
+                    pg_sys::TM_Result::TM_Ok => {}
+                    // another taker holds it; or this command itself
+                    pg_sys::TM_Result::TM_WouldBlock | pg_sys::TM_Result::TM_SelfModified => {
+                        continue;
+                    }
+                    pg_sys::TM_Result::TM_Updated if repeatable() => {
+                        outcome = Err(serialization("update"));
+                        break;
+                    }
+                    pg_sys::TM_Result::TM_Deleted if repeatable() => {
+                        outcome = Err(serialization("delete"));
+                        break;
+                    }
+                    pg_sys::TM_Result::TM_Deleted => continue,
+                    other => {
+                        outcome = Err(unexpected("table_tuple_lock", other));
+                        break;
+                    }
+                }
+                // the newest version, locked: due as it stands now? (it may
+                // be one committed after our snapshot, which the lock went on
+                // to; the key cannot have changed unnoticed either)
+                let Some(place) = is_due(locked) else {
+                    continue;
+                };
+                if !same_text(locked, queue_col, queue) {
+                    continue;
+                }
+                let tid = (*locked).tts_tid;
+                match lease(
+                    rel.0,
+                    &shape,
+                    locked,
+                    tid,
+                    cid,
+                    snapshot,
+                    [leased_until, taken_at, takes],
+                    until,
+                    now,
+                ) {
+                    Ok(version) => {
+                        let mut null = false;
+                        let key = pg_sys::slot_getattr(version, key.into(), &mut null);
+                        leased(Leased { key, place });
+                        pg_sys::ExecDropSingleTupleTableSlot(version);
+                        outcome = Ok(true);
+                    }
+                    Err(e) => outcome = Err(e),
+                }
+                break;
+            }
+            pg_sys::index_endscan(scan);
+            pg_sys::ExecDropSingleTupleTableSlot(found);
+            pg_sys::ExecDropSingleTupleTableSlot(locked);
+            pg_sys::UnregisterSnapshot(snapshot);
+            count_served();
+            outcome.map(Some)
+        }
+    }
+}
+
+/// Write the lease on the row version in `locked` (at `tid`, locked by us):
+/// the new version, with its index entries where the update was not HOT.
+/// Returns a slot holding the new version (the caller drops it).
+///
+/// # Safety
+/// `rel` is open for writing, `locked` holds its row at `tid`, locked by this
+/// transaction, `snapshot` is registered.
+#[allow(clippy::too_many_arguments)]
+unsafe fn lease(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    locked: *mut pg_sys::TupleTableSlot,
+    mut tid: pg_sys::ItemPointerData,
+    cid: pg_sys::CommandId,
+    snapshot: pg_sys::Snapshot,
+    [leased_until, taken_at, takes]: [pg_sys::AttrNumber; 3],
+    until: pg_sys::TimestampTz,
+    now: pg_sys::TimestampTz,
+) -> Result<*mut pg_sys::TupleTableSlot> {
+    unsafe {
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        pg_sys::slot_getallattrs(locked);
+        let mut values = std::slice::from_raw_parts((*locked).tts_values, natts).to_vec();
+        let mut nulls = std::slice::from_raw_parts((*locked).tts_isnull, natts).to_vec();
+        let at = |attnum: pg_sys::AttrNumber| attnum as usize - 1;
+        let Some(more) = (!nulls[at(takes)])
+            .then(|| values[at(takes)].value() as i32)
+            .and_then(|n| n.checked_add(1))
+        else {
+            return Err(Error::Raised {
+                code: *b"22003",
+                message: "integer out of range".into(),
+                detail: None,
+                hint: None,
+            });
+        };
+        values[at(leased_until)] = pg_sys::Datum::from(until);
+        nulls[at(leased_until)] = false;
+        values[at(taken_at)] = pg_sys::Datum::from(now);
+        nulls[at(taken_at)] = false;
+        values[at(takes)] = pg_sys::Datum::from(more);
+        let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let version = pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsHeapTuple);
+        pg_sys::ExecStoreHeapTuple(tuple, version, true);
+        let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+        let mut mode = pg_sys::LockTupleMode::LockTupleExclusive;
+        #[cfg(feature = "pg15")]
+        let mut reindex = false;
+        #[cfg(not(feature = "pg15"))]
+        let mut reindex = pg_sys::TU_UpdateIndexes::TU_None;
+        let result = pg_sys::table_tuple_update(
+            rel,
+            &mut tid,
+            version,
+            cid,
+            snapshot,
+            std::ptr::null_mut(),
+            true,
+            &mut failure,
+            &mut mode,
+            &mut reindex,
+        );
+        if result != pg_sys::TM_Result::TM_Ok {
+            pg_sys::ExecDropSingleTupleTableSlot(version);
+            return Err(unexpected("table_tuple_update", result));
+        }
+        #[cfg(feature = "pg15")]
+        let reindex = reindex;
+        #[cfg(not(feature = "pg15"))]
+        let reindex = reindex != pg_sys::TU_UpdateIndexes::TU_None;
+        if reindex {
+            // not HOT: every index gets an entry for the new version, as
+            // ExecInsertIndexTuples would make it (the key is unchanged, so
+            // the unique check finds only our own old version)
+            let mut new_tid = (*version).tts_tid;
+            for (oid, _) in &shape.indexes {
+                let index = Open(pg_sys::index_open(*oid, pg_sys::RowExclusiveLock as _));
+                let info = pg_sys::BuildIndexInfo(index.0);
+                let mut ivalues = [pg_sys::Datum::from(0); pg_sys::INDEX_MAX_KEYS as usize];
+                let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
+                pg_sys::FormIndexDatum(
+                    info,
+                    version,
+                    std::ptr::null_mut(),
+                    ivalues.as_mut_ptr(),
+                    inulls.as_mut_ptr(),
+                );
+                let unique = if (*(*index.0).rd_index).indisunique {
+                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
+                } else {
+                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
+                };
+                pg_sys::index_insert(
+                    index.0,
+                    ivalues.as_mut_ptr(),
+                    inulls.as_mut_ptr(),
+                    &mut new_tid,
+                    rel,
+                    unique,
+                    true,
+                    info,
+                );
+            }
+        }
+        Ok(version)
+    }
+}
+
+/// Whether this transaction's snapshot is its first (repeatable read,
+/// serializable): a row changed since cannot be written by it.
+fn repeatable() -> bool {
+    // SAFETY: reading a backend-local setting.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// `key` set to "index column `i` = `value`" for a `text` column of `index`.
+///
+/// # Safety
+/// `index` is open; its column `i` is `text`.
+unsafe fn equal_key(
+    key: &mut pg_sys::ScanKeyData,
+    index: pg_sys::Relation,
+    i: usize,
+    value: pg_sys::Datum,
+) {
+    unsafe {
+        pg_sys::ScanKeyEntryInitialize(
+            key,
+            0,
+            (i + 1) as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            *(*index).rd_indcollation.add(i),
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            value,
+        );
+    }
+}
+
+/// An index scan of `index` under `snapshot` with `keys`, positioned.
+///
+/// # Safety
+/// `rel` and `index` are open, `snapshot` is registered, `keys` are valid
+/// for `index` and outlive the scan.
+unsafe fn begin_scan<const N: usize>(
+    rel: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    keys: &mut [pg_sys::ScanKeyData; N],
+) -> pg_sys::IndexScanDesc {
+    unsafe {
+        #[cfg(feature = "pg18")]
+        let scan = pg_sys::index_beginscan(rel, index, snapshot, std::ptr::null_mut(), N as i32, 0);
+        #[cfg(not(feature = "pg18"))]
+        let scan = pg_sys::index_beginscan(rel, index, snapshot, N as i32, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), N as i32, std::ptr::null_mut(), 0);
+        scan
+    }
+}
+
+/// The `timestamptz` in attribute `attnum` of `slot`, `None` when NULL.
+///
+/// # Safety
+/// `slot` holds a row of a table whose attribute `attnum` is `timestamptz`.
+unsafe fn timestamptz(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+) -> Option<i64> {
+    unsafe {
+        let mut null = false;
+        let v = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
+        (!null).then(|| v.value() as i64)
+    }
+}
+
+/// The `bigint` in attribute `attnum` of `slot`, `None` when NULL.
+///
+/// # Safety
+/// As [`timestamptz`], for a `bigint`.
+unsafe fn int8(slot: *mut pg_sys::TupleTableSlot, attnum: pg_sys::AttrNumber) -> Option<i64> {
+    unsafe { timestamptz(slot, attnum) }
+}
+
+/// Whether the `text` attribute `attnum` of `slot` holds the bytes of `value`.
+///
+/// # Safety
+/// `slot` holds a row whose attribute `attnum` is `text`; `value` is a
+/// detoasted `text` datum.
+unsafe fn same_text(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+    value: pg_sys::Datum,
+) -> bool {
+    unsafe {
+        let mut null = false;
+        let v = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
+        if null {
+            return false;
+        }
+        let stored = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
+        let bytes = |p: *mut pg_sys::varlena| {
+            std::slice::from_raw_parts(
+                pgrx::varlena::vardata_any(p).cast::<u8>(),
+                pgrx::varlena::varsize_any_exhdr(p),
+            )
+        };
+        bytes(stored) == bytes(value.cast_mut_ptr())
+    }
+}
+
+/// Whether `relid` can be served here, and how: the attribute number and type
+/// of each of `columns` (all must exist), every index a btree on plain columns
+/// with immediate uniqueness, and a primary key.
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
+    unsafe {
+        let mut attnums = Vec::with_capacity(columns.len());
+        let mut types = Vec::with_capacity(columns.len());
+        for name in columns {
+            let attnum = pg_sys::get_attnum(relid, name.as_ptr());
+            if attnum == pg_sys::InvalidAttrNumber as pg_sys::AttrNumber {
+                return None;
+            }
+            attnums.push(attnum);
+            types.push(pg_sys::get_atttype(relid, attnum));
+        }
+        let rel = Open(pg_sys::table_open(relid, pg_sys::AccessShareLock as _));
+        #[cfg(feature = "pg18")]
+        let pkey = pg_sys::RelationGetPrimaryKeyIndex(rel.0, false);
+        #[cfg(not(feature = "pg18"))]
+        let pkey = pg_sys::RelationGetPrimaryKeyIndex(rel.0);
+        if pkey == pg_sys::InvalidOid {
+            return None;
+        }
+        let list = pg_sys::RelationGetIndexList(rel.0);
+        let oids: Vec<pg_sys::Oid> = if list.is_null() {
+            Vec::new()
+        } else {
+            (0..(*list).length as usize)
+                .map(|i| (*(*list).elements.add(i)).oid_value)
+                .collect()
+        };
+        pg_sys::list_free(list);
+        let mut indexes = Vec::with_capacity(oids.len());
+        for oid in oids {
+            let index = Open(pg_sys::index_open(oid, pg_sys::AccessShareLock as _));
+            let form = &*(*index.0).rd_index;
+            let plain = (*(*index.0).rd_rel).relam == pg_sys::BTREE_AM_OID
+                && form.indimmediate
+                && !form.indisexclusion
+                && form.indnatts == form.indnkeyatts
+                && pg_sys::RelationGetIndexExpressions(index.0).is_null()
+                && pg_sys::RelationGetIndexPredicate(index.0).is_null()
+                && form.indisvalid
+                && form.indisready;
+            let keys = form.indkey.values.as_slice(form.indnatts as usize).to_vec();
+            if !plain || keys.contains(&0) {
+                return None;
+            }
+            indexes.push((oid, keys));
+        }
+        Some(Shape {
+            attnums,
+            types,
+            indexes,
+            pkey,
+        })
+    }
+}
+
+fn serialization(what: &str) -> Error {
+    Error::Raised {
+        code: *b"40001",
+        message: format!("could not serialize access due to concurrent {what}"),
+        detail: None,
+        hint: Some("The transaction might succeed if retried.".into()),
+    }
+}
+
+fn unexpected(call: &'static str, result: pg_sys::TM_Result::Type) -> Error {
+    Error::Internal {
+        context: "access",
+        cause: format!("unexpected {call} result {result}"),
+    }
+}
