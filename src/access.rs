@@ -263,7 +263,12 @@ impl Table {
             let Some((rel, shape)) = self.open(pg_sys::ACL_DELETE) else {
                 return Ok(None);
             };
-            if shape.index_on(&[key[0].0, key[1].0]) != Some(shape.pkey) {
+            if shape.index_on(&[key[0].0, key[1].0]) != Some(shape.pkey)
+                || key
+                    .iter()
+                    .any(|(col, _)| shape.types[col.0] != pg_sys::TEXTOID)
+                || shape.types[check.0] != pg_sys::TIMESTAMPTZOID
+            {
                 return Ok(None);
             }
             let index = Open(pg_sys::index_open(shape.pkey, pg_sys::AccessShareLock as _));
@@ -377,9 +382,15 @@ impl Table {
                 c.queue,
             ]
             .map(|col| shape.attnums[col.0]);
-            if shape.types[c.takes.0] != pg_sys::INT4OID
-                || shape.types[c.seq.0] != pg_sys::INT8OID
-                || shape.types[c.key.0] != pg_sys::TEXTOID
+            let typed =
+                |cols: &[Col], oid: pg_sys::Oid| cols.iter().all(|col| shape.types[col.0] == oid);
+            if !typed(&[c.queue, c.key], pg_sys::TEXTOID)
+                || !typed(
+                    &[c.visible_at, c.leased_until, c.taken_at],
+                    pg_sys::TIMESTAMPTZOID,
+                )
+                || !typed(&[c.seq], pg_sys::INT8OID)
+                || !typed(&[c.takes], pg_sys::INT4OID)
             {
                 return Ok(None);
             }
