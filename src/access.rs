@@ -213,13 +213,7 @@ impl Table {
     /// # Safety
     /// Inside a transaction.
     unsafe fn open(&'static self, privilege: u32) -> Option<(Open, Shape)> {
-        let Known {
-            relid,
-            shape: Some(shape),
-        } = self.known()?
-        else {
-            return None;
-        };
+        let relid = self.known()?.relid;
         unsafe {
             // one privilege at a time: given several, pg_class_aclcheck
             // answers whether the role holds any of them
@@ -232,6 +226,19 @@ impl Table {
                 return None;
             }
             let rel = Open(pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _));
+            // the shape as of now that we hold the lock: taking it applied
+            // any invalidation a change to the table sent (an ALTER TABLE
+            // that committed while we waited), which cleared what we knew
+            let Known {
+                relid: again,
+                shape: Some(shape),
+            } = self.known()?
+            else {
+                return None;
+            };
+            if again != relid {
+                return None;
+            }
             let class = &*(*rel.0).rd_rel;
             if class.relkind as u8 != pg_sys::RELKIND_RELATION
                 || !(*rel.0).trigdesc.is_null()

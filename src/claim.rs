@@ -106,6 +106,17 @@ pub fn fence_current(workflow: Name, token: i64) -> Result<()> {
     check_token(workflow, token, current)
 }
 
+/// `claim` for validated arguments and no owner: `take(claim => true)`'s
+/// claim of the row it leased (the lease and the claim end together, both
+/// `now() + lease`).
+pub fn claim_for(workflow: Name, lease: Interval) -> Result<Option<i64>> {
+    run_one(
+        &CLAIM,
+        &[workflow.into(), lease.into(), null::<Text>()],
+        first_value,
+    )
+}
+
 #[sql_function(
     "sturdy.claim(workflow text, lease interval DEFAULT '1 minute', owner text DEFAULT NULL)
      RETURNS bigint VOLATILE PARALLEL UNSAFE",

@@ -22,6 +22,16 @@ impl Text {
         Text(s.into_datum().unwrap_or(pg_sys::Datum::from(0)))
     }
 
+    /// A copy, in the current memory context, of the `text` datum `d` (one
+    /// that points into a buffer about to be released).
+    pub fn copied(d: pg_sys::Datum) -> Text {
+        // SAFETY: `d` is a live `text` datum; the copy is detoasted.
+        unsafe {
+            let copy = pg_sys::pg_detoast_datum_copy(d.cast_mut_ptr());
+            Text(pg_sys::Datum::from(copy))
+        }
+    }
+
     /// The text's bytes, in the server encoding.
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: the datum is a detoasted varlena (from_polymorphic_datum),

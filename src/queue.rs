@@ -720,8 +720,9 @@ fn take_from(
     due: TimestampWithTimeZone,
     batch: bool,
 ) -> Result<Taken> {
-    if std::ptr::eq(stmt, &TAKE_ONE)
-        && let Some(taken) = lease_one(call, queue, lease, from, due)?
+    let claim = std::ptr::eq(stmt, &TAKE_ONE_CLAIM);
+    if (claim || std::ptr::eq(stmt, &TAKE_ONE))
+        && let Some(taken) = lease_one(call, queue, lease, from, due, claim)?
     {
         return Ok(taken);
     }
@@ -766,14 +767,17 @@ fn take_from(
     Ok(taken)
 }
 
-/// [`TAKE_ONE`]'s work without the statement (see `access`), where nothing
-/// it would do is skipped that way; `None` where the statement must run.
+/// [`TAKE_ONE`]'s work without the statement (see `access`), or with
+/// `claim` [`TAKE_ONE_CLAIM`]'s, the claim by [`claim::claim_for`]'s
+/// statement, where nothing the statement would do is skipped that way;
+/// `None` where the statement must run.
 fn lease_one(
     call: &Args,
     queue: Name,
     lease: Interval,
     from: Position,
     due: TimestampWithTimeZone,
+    claim: bool,
 ) -> Result<Option<Taken>> {
     let Some(q) = queue.into_datum() else {
         return Ok(None);
@@ -782,27 +786,42 @@ fn lease_one(
     // as the statement computes them: `now()` and `now() + lease`
     let now = pgrx::datum::now();
     let until = pg_sys::TimestampTz::from(now + lease);
-    let mut place = None;
-    let mut appended = Ok(());
-    let leased = QUEUE.lease_first(
+    let mut got = None;
+    let Some(leased) = QUEUE.lease_first(
         &LEASE_COLUMNS,
         q,
         from,
         due.into(),
         until,
         now.into(),
-        |row| {
-            place = Some(row.place);
-            appended = plan::append_row(
-                call,
-                &[Some(row.key), Some(pg_sys::Datum::from(until)), None],
-            );
-        },
+        |row| got = Some((Text::copied(row.key), row.place)),
+    )?
+    else {
+        return Ok(None);
+    };
+    let Some((workflow, place)) = got.filter(|_| leased) else {
+        return Ok(Some(Taken {
+            rows: 0,
+            oldest: None,
+        }));
+    };
+    let workflow = args::name("workflow", Some(workflow))?;
+    let token = if claim {
+        crate::claim::claim_for(workflow, lease)?
+    } else {
+        None
+    };
+    plan::append_row(
+        call,
+        &[
+            workflow.into_datum(),
+            Some(pg_sys::Datum::from(until)),
+            token.map(pg_sys::Datum::from),
+        ],
     )?;
-    appended?;
-    Ok(leased.map(|any| Taken {
-        rows: usize::from(any),
-        oldest: place,
+    Ok(Some(Taken {
+        rows: 1,
+        oldest: Some(place),
     }))
 }
 
