@@ -449,31 +449,8 @@ pub fn append_row(call: &Args, values: &[Option<pg_sys::Datum>]) -> Result<()> {
 /// values of the declared result columns, in order and of their types;
 /// `None` is NULL.
 pub fn return_rows(call: &Args, rows: &[&[Option<pg_sys::Datum>]]) -> Result<()> {
-    let fcinfo = call.fcinfo();
-    // SAFETY: as in `fill_result`: the live call of a set-returning function;
-    // the descriptor is the declared result's, and each row has one datum of
-    // the declared type per column (checked in count here, in type by the
-    // caller's declaration next to its `#[sql_function]`).
-    unsafe {
-        pg_sys::InitMaterializedSRF(fcinfo, pg_sys::MAT_SRF_USE_EXPECTED_DESC);
-        let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
-        let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
-        for values in rows {
-            if (*desc).natts as usize != values.len() {
-                return Err(Error::Internal {
-                    context: "set-returning function",
-                    cause: "a row does not match the declared result".into(),
-                });
-            }
-            let mut datums: Vec<pg_sys::Datum> = values
-                .iter()
-                .map(|v| v.unwrap_or(pg_sys::Datum::from(0)))
-                .collect();
-            let mut nulls: Vec<bool> = values.iter().map(Option::is_none).collect();
-            pg_sys::tuplestore_putvalues(store, desc, datums.as_mut_ptr(), nulls.as_mut_ptr());
-        }
-    }
-    Ok(())
+    begin_result(call);
+    rows.iter().try_for_each(|values| append_row(call, values))
 }
 
 /// One row of values computed here as the result (see [`return_rows`]).
