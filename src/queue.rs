@@ -1642,6 +1642,57 @@ mod tests {
     }
 
     #[pg_test]
+    fn take_and_done_follow_changes_to_the_queue_table_they_do_not_know() {
+        let served = crate::access::served;
+        Spi::run(
+            "SELECT sturdy.schedule(w, now() - interval '1 second', 'alt')
+               FROM unnest(array['x1', 'x2', 'x3']) w;",
+        )
+        .unwrap();
+        // an index with an expression: the statement, which maintains it
+        Spi::run("CREATE INDEX queue_lower ON sturdy.queue (lower(workflow))").unwrap();
+        let before = served();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take('alt')").as_deref(),
+            Some("x1")
+        );
+        assert_eq!(
+            served(),
+            before,
+            "through the statement while the index is there"
+        );
+        Spi::run("DROP INDEX sturdy.queue_lower").unwrap();
+        // a column of the user's own: kept through the lease, the row still
+        // leased without a statement
+        Spi::run("ALTER TABLE sturdy.queue ADD COLUMN note text DEFAULT 'kept'").unwrap();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take('alt')").as_deref(),
+            Some("x2")
+        );
+        assert_eq!(served(), before + 1, "without a statement again");
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(workflow || '=' || note || ':' || takes, ',' ORDER BY workflow)
+                   FROM sturdy.queue WHERE queue = 'alt'"
+            )
+            .as_deref(),
+            Some("x1=kept:1,x2=kept:1,x3=kept:0")
+        );
+        assert_eq!(
+            one::<bool>(
+                "SELECT sturdy.done(workflow, leased_until, 'alt') FROM sturdy.queue
+                  WHERE queue = 'alt' AND workflow = 'x2'"
+            ),
+            Some(true)
+        );
+        assert_eq!(served(), before + 2);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.queue WHERE queue = 'alt'"),
+            Some(2)
+        );
+    }
+
+    #[pg_test]
     fn a_take_that_cannot_lease_in_place_indexes_the_new_version() {
         let served = crate::access::served;
         // rows of ~580 bytes filling fresh pages (a new, empty file: nothing
