@@ -14,7 +14,8 @@
 //!
 //! Only where nothing a statement would also do is skipped: the table must be
 //! a plain table with no triggers (foreign keys that reference it are
-//! triggers), no rules and no row-level security, its indexes plain btrees on
+//! triggers), no rules, no row-level security and no table inheriting from
+//! it, its indexes plain btrees on
 //! columns (no expressions, no predicates, no deferred uniqueness, so that an
 //! update that cannot be HOT inserts its entries as the executor would); the
 //! caller must hold, at the table level, the privileges the statement needs
@@ -240,7 +241,9 @@ impl Table {
                 return None;
             }
             let class = &*(*rel.0).rd_rel;
+            // (a table inheriting from it: the statement reaches its rows too)
             if class.relkind as u8 != pg_sys::RELKIND_RELATION
+                || class.relhassubclass
                 || !(*rel.0).trigdesc.is_null()
                 || !(*rel.0).rd_rules.is_null()
                 || class.relrowsecurity

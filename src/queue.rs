@@ -1690,6 +1690,33 @@ mod tests {
             one::<i64>("SELECT count(*) FROM sturdy.queue WHERE queue = 'alt'"),
             Some(2)
         );
+        // a table inheriting from the queue: statements reach its rows, so
+        // the statements run
+        Spi::run(
+            "CREATE TEMP TABLE kid () INHERITS (sturdy.queue);
+             INSERT INTO kid (queue, workflow, visible_at, scheduled_at)
+             VALUES ('alt', 'x4', now() - interval '1 second', now());",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('alt', max => 1)")
+                .as_deref(),
+            Some("x3")
+        );
+        assert_eq!(
+            one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('alt', max => 1)")
+                .as_deref(),
+            Some("x4"),
+            "the inheriting table's row, as the statement finds it"
+        );
+        assert_eq!(
+            one::<bool>(
+                "SELECT sturdy.done(workflow, leased_until, 'alt') FROM kid WHERE workflow = 'x4'"
+            ),
+            Some(true)
+        );
+        assert_eq!(served(), before + 2, "all three through the statements");
+        assert_eq!(one::<i64>("SELECT count(*) FROM kid"), Some(0));
     }
 
     #[pg_test]
