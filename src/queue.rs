@@ -1791,6 +1791,34 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_role_given_grant_usage_takes_and_finishes_without_statements() {
+        let served = crate::access::served;
+        Spi::run(
+            "CREATE ROLE sturdy_test_worker;
+             SELECT sturdy.grant_usage('sturdy_test_worker');
+             SET LOCAL ROLE sturdy_test_worker;
+             SELECT sturdy.schedule('g1', now() - interval '1 second', 'granted');",
+        )
+        .unwrap();
+        let before = served();
+        Spi::run("CREATE TEMP TABLE got AS SELECT * FROM sturdy.take('granted', claim => true)")
+            .unwrap();
+        let leased = served();
+        assert!(leased > before, "the lease without a statement");
+        assert_eq!(
+            one::<bool>("SELECT sturdy.done(workflow, receipt, 'granted') FROM got"),
+            Some(true)
+        );
+        assert_eq!(served(), leased + 1, "the delete without a statement");
+        assert_eq!(
+            one::<i64>("SELECT token FROM sturdy.claims WHERE workflow = 'g1'"),
+            Some(1),
+            "and the claim, by its statement"
+        );
+        Spi::run("RESET ROLE").unwrap();
+    }
+
+    #[pg_test]
     fn done_is_refused_as_its_delete_is_without_the_privilege_or_in_a_read_only_transaction() {
         Spi::run(
             "SELECT sturdy.schedule('ro', now() - interval '1 second');
