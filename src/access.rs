@@ -84,6 +84,13 @@ impl Shape {
 thread_local! {
     static KNOWN: RefCell<Vec<(*const Table, Known)>> = const { RefCell::new(Vec::new()) };
     static WATCHING: Cell<bool> = const { Cell::new(false) };
+    /// The table whose shape is being read, and whether an invalidation of
+    /// it (or of everything) arrived meanwhile: a shape read across one may
+    /// be older than it (a `CREATE INDEX`, which our `AccessShareLock` does
+    /// not hold off, committed meanwhile), so it is used for that call only,
+    /// never kept.
+    static READING: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
+    static DISTURBED: Cell<bool> = const { Cell::new(false) };
     /// Calls served here, for the tests to see which way a call went.
     #[cfg(any(test, feature = "pg_test"))]
     static SERVED: Cell<u64> = const { Cell::new(0) };
@@ -102,6 +109,9 @@ fn count_served() {
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    if relid == pg_sys::InvalidOid || relid == READING.with(Cell::get) {
+        DISTURBED.with(|d| d.set(true));
+    }
     // a table's own invalidation also comes when an index is created or
     // dropped on it, or its columns change; an index's, when it is rebuilt
     KNOWN.with(|k| {
@@ -199,13 +209,22 @@ impl Table {
             if relid == pg_sys::InvalidOid {
                 return None;
             }
-            Known {
-                relid,
-                shape: shape(relid, self.columns),
-            }
+            READING.with(|r| r.set(relid));
+            DISTURBED.with(|d| d.set(false));
+            let shape = shape(relid, self.columns);
+            READING.with(|r| r.set(pg_sys::InvalidOid));
+            Known { relid, shape }
         };
-        KNOWN.with(|k| k.borrow_mut().push((me, known.clone())));
-        Some(known)
+        if !DISTURBED.with(Cell::get) {
+            KNOWN.with(|k| k.borrow_mut().push((me, known.clone())));
+            Some(known)
+        } else {
+            // read across an invalidation: this call goes the statement's way
+            Some(Known {
+                relid: known.relid,
+                shape: None,
+            })
+        }
     }
 
     /// The table opened for a write that needs `privileges` (besides
@@ -771,6 +790,9 @@ unsafe fn same_text(
 /// Inside a transaction.
 unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
     unsafe {
+        // locked first: the catalog as of now, and no ALTER TABLE until the
+        // transaction ends
+        let rel = Open(pg_sys::table_open(relid, pg_sys::AccessShareLock as _));
         let mut attnums = Vec::with_capacity(columns.len());
         let mut types = Vec::with_capacity(columns.len());
         for name in columns {
@@ -781,7 +803,6 @@ unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
             attnums.push(attnum);
             types.push(pg_sys::get_atttype(relid, attnum));
         }
-        let rel = Open(pg_sys::table_open(relid, pg_sys::AccessShareLock as _));
         #[cfg(feature = "pg18")]
         let pkey = pg_sys::RelationGetPrimaryKeyIndex(rel.0, false);
         #[cfg(not(feature = "pg18"))]
