@@ -1531,6 +1531,21 @@ mod tests {
         );
     }
 
+    /// A trigger on `sturdy.queue` (an audit, a foreign key to it) that
+    /// notes the workflow of each row `event` (`DELETE`, `UPDATE`) touches,
+    /// as its `row` (`OLD`, `NEW`) has it, in the temporary table `noted`;
+    /// dropped with `DROP TRIGGER noted ON sturdy.queue`.
+    fn note_rows(event: &str, row: &str) {
+        Spi::run(&format!(
+            "CREATE TEMP TABLE noted (workflow text);
+             CREATE FUNCTION pg_temp.note_row() RETURNS trigger LANGUAGE plpgsql AS
+               $f$BEGIN INSERT INTO noted VALUES ({row}.workflow); RETURN {row}; END$f$;
+             CREATE TRIGGER noted AFTER {event} ON sturdy.queue
+               FOR EACH ROW EXECUTE FUNCTION pg_temp.note_row();"
+        ))
+        .unwrap();
+    }
+
     #[pg_test]
     fn done_deletes_by_key_without_a_statement_and_with_one_where_a_trigger_must_fire() {
         let served = crate::access::served;
@@ -1555,24 +1570,17 @@ mod tests {
         assert_eq!(served(), before + 2);
         // a trigger on the queue (an audit, a foreign key to it) must fire:
         // the statement, which fires it
-        Spi::run(
-            "CREATE TEMP TABLE gone (workflow text);
-             CREATE FUNCTION pg_temp.note_gone() RETURNS trigger LANGUAGE plpgsql AS
-               $f$BEGIN INSERT INTO gone VALUES (OLD.workflow); RETURN OLD; END$f$;
-             CREATE TRIGGER note_gone AFTER DELETE ON sturdy.queue
-               FOR EACH ROW EXECUTE FUNCTION pg_temp.note_gone();",
-        )
-        .unwrap();
+        note_rows("DELETE", "OLD");
         assert_eq!(
             one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t WHERE workflow = 'k2'"),
             Some(true)
         );
         assert_eq!(served(), before + 2, "through the statement");
         assert_eq!(
-            one::<String>("SELECT string_agg(workflow, ',') FROM gone").as_deref(),
+            one::<String>("SELECT string_agg(workflow, ',') FROM noted").as_deref(),
             Some("k2")
         );
-        Spi::run("DROP TRIGGER note_gone ON sturdy.queue").unwrap();
+        Spi::run("DROP TRIGGER noted ON sturdy.queue").unwrap();
         assert_eq!(
             one::<bool>("SELECT sturdy.done(workflow, receipt) FROM t WHERE workflow = 'k3'"),
             Some(true)
@@ -1608,14 +1616,7 @@ mod tests {
             Some(true),
             "the lease written as the statement writes it, the rest kept"
         );
-        Spi::run(
-            "CREATE TEMP TABLE leased (workflow text);
-             CREATE FUNCTION pg_temp.note_leased() RETURNS trigger LANGUAGE plpgsql AS
-               $f$BEGIN INSERT INTO leased VALUES (NEW.workflow); RETURN NEW; END$f$;
-             CREATE TRIGGER note_leased AFTER UPDATE ON sturdy.queue
-               FOR EACH ROW EXECUTE FUNCTION pg_temp.note_leased();",
-        )
-        .unwrap();
+        note_rows("UPDATE", "NEW");
         assert_eq!(
             one::<String>("SELECT workflow FROM sturdy.take()").as_deref(),
             Some("t2")
@@ -1626,10 +1627,10 @@ mod tests {
             "through the statement, which fires the trigger"
         );
         assert_eq!(
-            one::<String>("SELECT string_agg(workflow, ',') FROM leased").as_deref(),
+            one::<String>("SELECT string_agg(workflow, ',') FROM noted").as_deref(),
             Some("t2")
         );
-        Spi::run("DROP TRIGGER note_leased ON sturdy.queue").unwrap();
+        Spi::run("DROP TRIGGER noted ON sturdy.queue").unwrap();
         assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take()"), Some(0));
         assert!(served() > before + 1, "without it again");
         Spi::run("SELECT sturdy.schedule('t3', now() - interval '1 second')").unwrap();
