@@ -33,6 +33,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
+use std::rc::Rc;
 
 use pgrx::pg_sys;
 
@@ -55,8 +56,9 @@ pub struct Col(pub usize);
 struct Known {
     relid: pg_sys::Oid,
     /// `None`: the table cannot be served here (see the module comment); the
-    /// caller runs its statement.
-    shape: Option<Shape>,
+    /// caller runs its statement. Shared: every call takes a copy of what is
+    /// known, twice.
+    shape: Option<Rc<Shape>>,
 }
 
 #[derive(Clone)]
@@ -73,10 +75,12 @@ struct Shape {
 impl Shape {
     /// The index whose key columns are exactly `cols`, in that order.
     fn index_on(&self, cols: &[Col]) -> Option<pg_sys::Oid> {
-        let want: Vec<_> = cols.iter().map(|c| self.attnums[c.0]).collect();
         self.indexes
             .iter()
-            .find(|(_, keys)| *keys == want)
+            .find(|(_, keys)| {
+                keys.len() == cols.len()
+                    && keys.iter().zip(cols).all(|(k, c)| *k == self.attnums[c.0])
+            })
             .map(|(oid, _)| *oid)
     }
 }
@@ -211,7 +215,7 @@ impl Table {
             }
             READING.with(|r| r.set(relid));
             DISTURBED.with(|d| d.set(false));
-            let shape = shape(relid, self.columns);
+            let shape = shape(relid, self.columns).map(Rc::new);
             READING.with(|r| r.set(pg_sys::InvalidOid));
             Known { relid, shape }
         };
@@ -232,7 +236,7 @@ impl Table {
     ///
     /// # Safety
     /// Inside a transaction.
-    unsafe fn open(&'static self, privilege: u32) -> Option<(Open, Shape)> {
+    unsafe fn open(&'static self, privilege: u32) -> Option<(Open, Rc<Shape>)> {
         let relid = self.known()?.relid;
         unsafe {
             // one privilege at a time: given several, pg_class_aclcheck
