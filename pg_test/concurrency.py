@@ -699,6 +699,69 @@ def test_a_take_never_comes_back_empty_holding_a_ready_row():
     assert all(bad == 0 for _, bad in results.values()), results
 
 
+def test_racing_schedules_of_one_new_key_make_one_row_and_never_fail():
+    """Three sessions schedule the same six keys in a loop while a fourth
+    deletes them, each call its own transaction, so that most schedules find
+    no row and insert one, often two at once: schedule's upsert (without a
+    statement, access.rs) takes the speculative insert of the loser back and
+    updates the winner's row, as ON CONFLICT does. No schedule fails (no
+    duplicate key, no serialization error read committed), and the queue
+    never holds a key twice."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'upsert_race'")
+        c.execute("DROP SCHEMA IF EXISTS upsert_race CASCADE")
+        c.execute("CREATE SCHEMA upsert_race")
+        c.execute("CREATE TABLE upsert_race.stop ()")
+        c.execute("""
+            CREATE PROCEDURE upsert_race.schedules(n int) LANGUAGE plpgsql AS $$
+            BEGIN
+              FOR i IN 1..n LOOP
+                PERFORM sturdy.schedule('k' || (i % 6), now(), 'upsert_race');
+                COMMIT;
+              END LOOP;
+            END $$""")
+        c.execute("""
+            CREATE PROCEDURE upsert_race.clear() LANGUAGE plpgsql AS $$
+            BEGIN
+              WHILE NOT EXISTS (SELECT FROM upsert_race.stop) LOOP
+                DELETE FROM sturdy.queue WHERE queue = 'upsert_race';
+                COMMIT;
+              END LOOP;
+            END $$""")
+        first = c.execute("SELECT last_value FROM sturdy.queue_seq").fetchone()[0]
+    errors = []
+
+    def run(sql):
+        try:
+            with connect() as c:
+                c.execute(sql)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    clearer = threading.Thread(target=run, args=("CALL upsert_race.clear()",))
+    clearer.start()
+    schedulers = [threading.Thread(target=run, args=("CALL upsert_race.schedules(3000)",))
+                  for _ in range(3)]
+    for t in schedulers:
+        t.start()
+    for t in schedulers:
+        t.join()
+    with connect() as c:
+        c.execute("INSERT INTO upsert_race.stop DEFAULT VALUES")
+    clearer.join()
+    with connect() as c:
+        inserted = c.execute("SELECT last_value FROM sturdy.queue_seq").fetchone()[0] - first
+        keys = c.execute("SELECT count(*), count(DISTINCT workflow) FROM sturdy.queue"
+                         " WHERE queue = 'upsert_race'").fetchone()
+        c.execute("DROP SCHEMA upsert_race CASCADE")
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'upsert_race'")
+    assert not errors, errors
+    assert keys[0] == keys[1] <= 6, keys
+    # the deletes kept the keys new: many schedules inserted (a sequence
+    # value each, taken back or not)
+    assert inserted > 500, inserted
+
+
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     passed = failed = 0

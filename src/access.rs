@@ -38,6 +38,7 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 
 use crate::error::{Error, Result};
+use crate::sequence::Sequence;
 
 /// A table of ours by schema and name, with the columns its calls use.
 pub struct Table {
@@ -66,10 +67,43 @@ struct Shape {
     /// The attribute number of each of the table's `columns`, and its type.
     attnums: Vec<pg_sys::AttrNumber>,
     types: Vec<pg_sys::Oid>,
-    /// Every index, with its key columns' attribute numbers, in order.
-    indexes: Vec<(pg_sys::Oid, Vec<pg_sys::AttrNumber>)>,
+    /// Every index.
+    indexes: Vec<Index>,
     /// The primary key.
     pkey: pg_sys::Oid,
+    /// Every attribute, by attribute number less one, as an insert sees it.
+    attrs: Vec<Attr>,
+    /// Whether the table has `CHECK` constraints.
+    checks: bool,
+}
+
+#[derive(Clone)]
+struct Index {
+    oid: pg_sys::Oid,
+    /// Its key columns' attribute numbers, in order.
+    keys: Vec<pg_sys::AttrNumber>,
+    unique: bool,
+}
+
+/// An attribute of the table, for an insert.
+#[derive(Clone, Copy)]
+struct Attr {
+    dropped: bool,
+    not_null: bool,
+    generated: bool,
+    default: Stored,
+}
+
+/// A column's default, as far as an insert here can give it.
+#[derive(Clone, Copy, PartialEq)]
+enum Stored {
+    None,
+    /// An `integer` constant.
+    Int4(i32),
+    /// `nextval` of the sequence with this OID.
+    Next(pg_sys::Oid),
+    /// Anything else: only a statement can give it.
+    Other,
 }
 
 impl Shape {
@@ -77,11 +111,15 @@ impl Shape {
     fn index_on(&self, cols: &[Col]) -> Option<pg_sys::Oid> {
         self.indexes
             .iter()
-            .find(|(_, keys)| {
-                keys.len() == cols.len()
-                    && keys.iter().zip(cols).all(|(k, c)| *k == self.attnums[c.0])
+            .find(|index| {
+                index.keys.len() == cols.len()
+                    && index
+                        .keys
+                        .iter()
+                        .zip(cols)
+                        .all(|(k, c)| *k == self.attnums[c.0])
             })
-            .map(|(oid, _)| *oid)
+            .map(|index| index.oid)
     }
 }
 
@@ -95,6 +133,15 @@ thread_local! {
     /// never kept.
     static READING: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static DISTURBED: Cell<bool> = const { Cell::new(false) };
+    /// Whether a role holds a privilege on a table, as `pg_class_aclcheck`
+    /// answered, by (role, table, privilege): kept until an invalidation
+    /// that could change the answer (of the table: a `GRANT` or `REVOKE`;
+    /// of any role or membership, or of a database, whose owner
+    /// `pg_database_owner` stands for). `GRANTS_SEEN` counts those
+    /// invalidations: an answer read across one is not kept.
+    static GRANTS: RefCell<Vec<(pg_sys::Oid, pg_sys::Oid, u32, bool)>> =
+        const { RefCell::new(Vec::new()) };
+    static GRANTS_SEEN: Cell<u64> = const { Cell::new(0) };
     /// Calls served here, for the tests to see which way a call went.
     #[cfg(any(test, feature = "pg_test"))]
     static SERVED: Cell<u64> = const { Cell::new(0) };
@@ -111,11 +158,56 @@ fn count_served() {
     SERVED.with(|n| n.set(n.get() + 1));
 }
 
+/// Answers kept in `GRANTS`, at most.
+const GRANTS_KEPT: usize = 64;
+
+fn forget_grants() {
+    GRANTS.with(|g| g.borrow_mut().clear());
+    GRANTS_SEEN.with(|n| n.set(n.get() + 1));
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget_roles(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    forget_grants();
+}
+
+/// Whether the current role holds `privilege` on the table `relid`.
+fn holds(relid: pg_sys::Oid, privilege: u32) -> bool {
+    // SAFETY: a backend-local lookup and the ACL check of a table that
+    // exists (we hold no lock yet, as ExecCheckPermissions holds none).
+    unsafe {
+        let user = pg_sys::GetUserId();
+        let kept = GRANTS.with(|g| {
+            g.borrow()
+                .iter()
+                .find(|&&(u, r, p, _)| u == user && r == relid && p == privilege)
+                .map(|&(.., held)| held)
+        });
+        if let Some(held) = kept {
+            return held;
+        }
+        let seen = GRANTS_SEEN.with(Cell::get);
+        let held = pg_sys::pg_class_aclcheck(relid, user, privilege as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK;
+        if GRANTS_SEEN.with(Cell::get) == seen {
+            GRANTS.with(|g| {
+                let mut grants = g.borrow_mut();
+                if grants.len() >= GRANTS_KEPT {
+                    grants.clear();
+                }
+                grants.push((user, relid, privilege, held));
+            });
+        }
+        held
+    }
+}
+
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == READING.with(Cell::get) {
         DISTURBED.with(|d| d.set(true));
     }
+    forget_grants();
     // a table's own invalidation also comes when an index is created or
     // dropped on it, or its columns change; an index's, when it is rebuilt
     KNOWN.with(|k| {
@@ -125,7 +217,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
                 && !known
                     .shape
                     .as_ref()
-                    .is_some_and(|s| s.indexes.iter().any(|(oid, _)| *oid == relid))
+                    .is_some_and(|s| s.indexes.iter().any(|index| index.oid == relid))
         })
     });
 }
@@ -152,6 +244,28 @@ pub struct LeaseColumns {
     pub takes: Col,
     /// Returned.
     pub key: Col,
+}
+
+/// A value an insert gives a column the call leaves out: what the column's
+/// default must be for the insert to be done here.
+pub enum Fill {
+    /// An `integer` constant.
+    Int4(i32),
+    /// The sequence's next value (`nextval`), taken only when a row is
+    /// inserted.
+    Next(&'static Sequence),
+}
+
+/// What [`Table::upsert`] writes: the row an `INSERT ... ON CONFLICT (key)
+/// DO UPDATE` of these columns would.
+pub struct Upsert<'a> {
+    /// The primary key's two `text` columns, in its order, and their values.
+    pub key: [(Col, pg_sys::Datum); 2],
+    /// Columns the insert writes and the update writes over a row already
+    /// there, with their types and values (`None`: NULL).
+    pub set: &'a [(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
+    /// Columns the insert leaves to their defaults, which must be these.
+    pub fill: &'a [(Col, Fill)],
 }
 
 /// A relation opened for writing, closed (its lock kept) when dropped.
@@ -189,6 +303,18 @@ impl Table {
         unsafe {
             if !WATCHING.with(Cell::get) {
                 pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
+                for cache in [
+                    pg_sys::SysCacheIdentifier::AUTHOID,
+                    pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE,
+                    pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
+                    pg_sys::SysCacheIdentifier::DATABASEOID,
+                ] {
+                    pg_sys::CacheRegisterSyscacheCallback(
+                        cache as _,
+                        Some(forget_roles),
+                        pg_sys::Datum::from(0),
+                    );
+                }
                 WATCHING.with(|w| w.set(true));
             }
             // a cached OID may be of a table dropped since
@@ -236,17 +362,15 @@ impl Table {
     ///
     /// # Safety
     /// Inside a transaction.
-    unsafe fn open(&'static self, privilege: u32) -> Option<(Open, Rc<Shape>)> {
+    unsafe fn open(&'static self, privileges: &[u32]) -> Option<(Open, Rc<Shape>)> {
         let relid = self.known()?.relid;
         unsafe {
             // one privilege at a time: given several, pg_class_aclcheck
             // answers whether the role holds any of them
-            let user = pg_sys::GetUserId();
-            let holds = |privilege: u32| {
-                pg_sys::pg_class_aclcheck(relid, user, privilege as pg_sys::AclMode)
-                    == pg_sys::AclResult::ACLCHECK_OK
-            };
-            if pg_sys::XactReadOnly || !holds(privilege) || !holds(pg_sys::ACL_SELECT) {
+            if pg_sys::XactReadOnly
+                || !privileges.iter().all(|&p| holds(relid, p))
+                || !holds(relid, pg_sys::ACL_SELECT)
+            {
                 return None;
             }
             let rel = Open(pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _));
@@ -293,7 +417,7 @@ impl Table {
         // unregistered, the slot and the scans are released. On an error
         // Postgres raises beneath us, its abort releases all of them.
         unsafe {
-            let Some((rel, shape)) = self.open(pg_sys::ACL_DELETE) else {
+            let Some((rel, shape)) = self.open(&[pg_sys::ACL_DELETE]) else {
                 return Ok(None);
             };
             if shape.index_on(&[key[0].0, key[1].0]) != Some(shape.pkey)
@@ -391,7 +515,7 @@ impl Table {
         // SAFETY: as in `delete_if`; the new row version is formed from the
         // locked one's values with the table's own descriptor.
         unsafe {
-            let Some((rel, shape)) = self.open(pg_sys::ACL_UPDATE) else {
+            let Some((rel, shape)) = self.open(&[pg_sys::ACL_UPDATE]) else {
                 return Ok(None);
             };
             let Some(scan_index) = shape.index_on(&[c.queue, c.visible_at, c.seq]) else {
@@ -575,19 +699,320 @@ impl Table {
     }
 }
 
-/// Write the lease on the row version in `locked` (at `tid`, locked by us):
-/// the new version, with its index entries where the update was not HOT.
+impl Table {
+    /// Insert the row `u` describes, or, where one with its key is there
+    /// (committed, or once the transaction writing it has ended), update that
+    /// one's `set` columns: `INSERT ... ON CONFLICT (key) DO UPDATE`, by the
+    /// executor's own protocol. Whether a row was inserted; `None` when it
+    /// cannot be done here (see the module comment; also any `CHECK`
+    /// constraint, a unique index besides the primary key, a default other
+    /// than `u.fill` says, or a column it leaves NULL that may not be), with
+    /// nothing done.
+    ///
+    /// The key is first looked for under a dirty snapshot, which sees rows
+    /// not yet committed: one whose writer is still running is waited for,
+    /// and the look made again. A row found is locked (waiting for any
+    /// holder) and updated; one changed meanwhile sends us back to the look,
+    /// read committed, and fails with `40001` under repeatable read or
+    /// serializable, as does a row our snapshot cannot see. None found, the
+    /// row is inserted speculatively: the primary key's entry is checked
+    /// without raising, and where another transaction's entry for the key
+    /// came first, our row is taken back and the look made again.
+    pub fn upsert(&'static self, u: &Upsert) -> Result<Option<bool>> {
+        // SAFETY: as in `delete_if`; the row is formed with the table's own
+        // descriptor, from values of its columns' types; the speculative
+        // insertion lock is released on every path once taken (an error
+        // between would abort the transaction, which releases it).
+        unsafe {
+            let Some((rel, shape)) = self.open(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) else {
+                return Ok(None);
+            };
+            let Some(mut row) = Row::insertable(&shape, u) else {
+                return Ok(None);
+            };
+            // (for the look and for the insert's entry)
+            let index = Open(pg_sys::index_open(
+                shape.pkey,
+                pg_sys::RowExclusiveLock as _,
+            ));
+            pg_sys::CommandCounterIncrement();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            // what only a row found needs is made when one is
+            let mut snapshot: pg_sys::Snapshot = std::ptr::null_mut();
+            let existing = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            let mut new: *mut pg_sys::TupleTableSlot = std::ptr::null_mut();
+            let set: Vec<pg_sys::AttrNumber> =
+                u.set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
+            let outcome = loop {
+                let Some(mut tid) = conflicting(rel.0, index.0, u.key, existing) else {
+                    if let Err(e) = row.fill(u) {
+                        break Err(e);
+                    }
+                    if new.is_null() {
+                        new = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+                    }
+                    pg_sys::ExecClearTuple(new);
+                    let natts = row.values.len();
+                    std::slice::from_raw_parts_mut((*new).tts_values, natts)
+                        .copy_from_slice(&row.values);
+                    std::slice::from_raw_parts_mut((*new).tts_isnull, natts)
+                        .copy_from_slice(&row.nulls);
+                    pg_sys::ExecStoreVirtualTuple(new);
+                    let xid = pg_sys::GetCurrentTransactionId();
+                    let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+                    pg_sys::table_tuple_insert_speculative(
+                        rel.0,
+                        new,
+                        cid,
+                        0,
+                        std::ptr::null_mut(),
+                        token,
+                    );
+                    let first = index_entries(rel.0, &shape, new, None, index.0);
+                    pg_sys::table_tuple_complete_speculative(rel.0, new, token, first);
+                    pg_sys::SpeculativeInsertionLockRelease(xid);
+                    if first {
+                        break Ok(true);
+                    }
+                    // another transaction's row came first: look again
+                    continue;
+                };
+                if snapshot.is_null() {
+                    snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+                }
+                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+                let result = pg_sys::table_tuple_lock(
+                    rel.0,
+                    &mut tid,
+                    snapshot,
+                    existing,
+                    cid,
+                    pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
+                    pg_sys::LockWaitPolicy::LockWaitBlock,
+                    0,
+                    &mut failure,
+                );
+                match result {
+                    pg_sys::TM_Result::TM_Ok => {}
+                    pg_sys::TM_Result::TM_Updated if repeatable() => {
+                        break Err(serialization("update"));
+                    }
+                    pg_sys::TM_Result::TM_Deleted if repeatable() => {
+                        break Err(serialization("delete"));
+                    }
+                    // changed since we found it: the row to update may be
+                    // another, or none
+                    pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted => continue,
+                    other => break Err(unexpected("table_tuple_lock", other)),
+                }
+                // locked; a snapshot of the transaction's start must see it
+                if repeatable()
+                    && !pg_sys::table_tuple_satisfies_snapshot(rel.0, existing, snapshot)
+                {
+                    let mut null = false;
+                    let xmin = pg_sys::slot_getsysattr(
+                        existing,
+                        pg_sys::MinTransactionIdAttributeNumber,
+                        &mut null,
+                    );
+                    let xmin = pg_sys::TransactionId::from_inner(xmin.value() as u32);
+                    if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
+                        break Err(serialization("update"));
+                    }
+                }
+                pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
+                let written = rewrite(
+                    rel.0,
+                    &shape,
+                    existing,
+                    tid,
+                    cid,
+                    snapshot,
+                    &set,
+                    |values, nulls| {
+                        for (col, _, value) in u.set {
+                            let i = shape.attnums[col.0] as usize - 1;
+                            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+                            nulls[i] = value.is_none();
+                        }
+                        Ok(())
+                    },
+                );
+                break written.map(|version| {
+                    pg_sys::ExecDropSingleTupleTableSlot(version);
+                    false
+                });
+            };
+            pg_sys::ExecDropSingleTupleTableSlot(existing);
+            if !new.is_null() {
+                pg_sys::ExecDropSingleTupleTableSlot(new);
+            }
+            if !snapshot.is_null() {
+                pg_sys::UnregisterSnapshot(snapshot);
+            }
+            count_served();
+            outcome.map(Some)
+        }
+    }
+}
+
+/// The row [`Table::upsert`] inserts, by attribute number less one.
+struct Row {
+    values: Vec<pg_sys::Datum>,
+    nulls: Vec<bool>,
+    /// Whether `fill`'s columns hold their values yet.
+    filled: bool,
+    attnums: Vec<pg_sys::AttrNumber>,
+}
+
+impl Row {
+    /// The row `u` inserts into a table of `shape`, but for `u.fill`'s
+    /// values; `None` where a statement would give the row anything else
+    /// (a default `u` does not expect, a generated column), or refuse it (a
+    /// `CHECK` constraint, a column it leaves NULL that may not be) or take
+    /// another unique index as its arbiter too.
+    fn insertable(shape: &Shape, u: &Upsert) -> Option<Row> {
+        let natts = shape.attrs.len();
+        let at = |col: Col| shape.attnums[col.0] as usize - 1;
+        let typed = |col: Col, oid: pg_sys::Oid| shape.types[col.0] == oid;
+        if shape.index_on(&[u.key[0].0, u.key[1].0]) != Some(shape.pkey)
+            || !u.key.iter().all(|&(col, _)| typed(col, pg_sys::TEXTOID))
+            || !u.set.iter().all(|&(col, oid, _)| typed(col, oid))
+            || shape.checks
+            || shape
+                .indexes
+                .iter()
+                .any(|index| index.unique && index.oid != shape.pkey)
+        {
+            return None;
+        }
+        let mut values = vec![pg_sys::Datum::from(0); natts];
+        let mut nulls = vec![true; natts];
+        let mut given = vec![false; natts];
+        for &(col, value) in &u.key {
+            (values[at(col)], nulls[at(col)], given[at(col)]) = (value, false, true);
+        }
+        for &(col, _, value) in u.set {
+            let i = at(col);
+            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+            (nulls[i], given[i]) = (value.is_none(), true);
+        }
+        for (col, fill) in u.fill {
+            let i = at(*col);
+            let expected = match fill {
+                Fill::Int4(n) if typed(*col, pg_sys::INT4OID) => Stored::Int4(*n),
+                Fill::Next(seq) if typed(*col, pg_sys::INT8OID) => Stored::Next(seq.oid()?),
+                _ => return None,
+            };
+            if shape.attrs[i].default != expected {
+                return None;
+            }
+            (nulls[i], given[i]) = (false, true);
+        }
+        for (i, a) in shape.attrs.iter().enumerate() {
+            if !a.dropped
+                && (a.generated
+                    || (!given[i] && a.default != Stored::None)
+                    || (a.not_null && nulls[i]))
+            {
+                return None;
+            }
+        }
+        Some(Row {
+            values,
+            nulls,
+            filled: false,
+            attnums: u.fill.iter().map(|(col, _)| shape.attnums[col.0]).collect(),
+        })
+    }
+
+    /// Give `u.fill`'s columns their values, once.
+    fn fill(&mut self, u: &Upsert) -> Result<()> {
+        if self.filled {
+            return Ok(());
+        }
+        for ((_, fill), &attnum) in u.fill.iter().zip(&self.attnums) {
+            self.values[attnum as usize - 1] = match fill {
+                Fill::Int4(n) => pg_sys::Datum::from(*n),
+                Fill::Next(seq) => {
+                    pg_sys::Datum::from(seq.advance().ok_or_else(|| Error::Internal {
+                        context: "access",
+                        cause: "the sequence of a column default is gone".into(),
+                    })?)
+                }
+            };
+        }
+        self.filled = true;
+        Ok(())
+    }
+}
+
+/// The row version whose primary key is `key`, committed or not, as a unique
+/// check sees it (a dirty snapshot): where its inserter or deleter is still
+/// running, we wait for it to end (or for a speculative insert to be decided)
+/// and look again. `None`: no such row.
+///
+/// # Safety
+/// `rel` and its primary key `index` are open; `key` are `text` datums in the
+/// index's column order; `slot` is a slot of `rel`.
+unsafe fn conflicting(
+    rel: pg_sys::Relation,
+    index: pg_sys::Relation,
+    key: [(Col, pg_sys::Datum); 2],
+    slot: *mut pg_sys::TupleTableSlot,
+) -> Option<pg_sys::ItemPointerData> {
+    unsafe {
+        loop {
+            let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
+            dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+            let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+            for (i, (k, (_, v))) in keys.iter_mut().zip(key).enumerate() {
+                equal_key(k, index, i, v);
+            }
+            let scan = begin_scan(rel, index, &mut dirty, &mut keys);
+            let found =
+                pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+            let mut tid = (*slot).tts_tid;
+            // set by the visibility check of the version found
+            let (xmin, xmax, token) = (dirty.xmin, dirty.xmax, dirty.speculativeToken);
+            pg_sys::index_endscan(scan);
+            pg_sys::ExecClearTuple(slot);
+            if !found {
+                return None;
+            }
+            let running = if xmin != pg_sys::InvalidTransactionId {
+                xmin
+            } else {
+                xmax
+            };
+            if running == pg_sys::InvalidTransactionId {
+                return Some(tid);
+            }
+            if token != 0 {
+                pg_sys::SpeculativeInsertionWait(xmin, token);
+            } else {
+                pg_sys::XactLockTableWait(
+                    running,
+                    rel,
+                    &mut tid,
+                    pg_sys::XLTW_Oper::XLTW_InsertIndex,
+                );
+            }
+        }
+    }
+}
+
+/// Write the lease on the row version in `locked` (at `tid`, locked by us).
 /// Returns a slot holding the new version (the caller drops it).
 ///
 /// # Safety
-/// `rel` is open for writing, `locked` holds its row at `tid`, locked by this
-/// transaction, `snapshot` is registered.
+/// As [`rewrite`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn lease(
     rel: pg_sys::Relation,
     shape: &Shape,
     locked: *mut pg_sys::TupleTableSlot,
-    mut tid: pg_sys::ItemPointerData,
+    tid: pg_sys::ItemPointerData,
     cid: pg_sys::CommandId,
     snapshot: pg_sys::Snapshot,
     [leased_until, taken_at, takes]: [pg_sys::AttrNumber; 3],
@@ -595,28 +1020,65 @@ unsafe fn lease(
     now: pg_sys::TimestampTz,
 ) -> Result<*mut pg_sys::TupleTableSlot> {
     unsafe {
+        let changed = [leased_until, taken_at, takes];
+        rewrite(
+            rel,
+            shape,
+            locked,
+            tid,
+            cid,
+            snapshot,
+            &changed,
+            |values, nulls| {
+                let at = |attnum: pg_sys::AttrNumber| attnum as usize - 1;
+                let Some(more) = (!nulls[at(takes)])
+                    .then(|| values[at(takes)].value() as i32)
+                    .and_then(|n| n.checked_add(1))
+                else {
+                    return Err(Error::Raised {
+                        code: *b"22003",
+                        message: "integer out of range".into(),
+                        detail: None,
+                        hint: None,
+                    });
+                };
+                values[at(leased_until)] = pg_sys::Datum::from(until);
+                nulls[at(leased_until)] = false;
+                values[at(taken_at)] = pg_sys::Datum::from(now);
+                nulls[at(taken_at)] = false;
+                values[at(takes)] = pg_sys::Datum::from(more);
+                Ok(())
+            },
+        )
+    }
+}
+
+/// Write a new version of the row in `locked` (at `tid`, locked by us), its
+/// values (by attribute number less one) changed by `edit`, in the
+/// attributes `changed`: with its index entries where the update was not HOT. Returns a slot holding the new
+/// version (the caller drops it); nothing is written when `edit` fails.
+///
+/// # Safety
+/// `rel` is open for writing, `locked` holds its row at `tid`, locked by this
+/// transaction, `snapshot` is registered.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rewrite(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    locked: *mut pg_sys::TupleTableSlot,
+    mut tid: pg_sys::ItemPointerData,
+    cid: pg_sys::CommandId,
+    snapshot: pg_sys::Snapshot,
+    changed: &[pg_sys::AttrNumber],
+    edit: impl FnOnce(&mut [pg_sys::Datum], &mut [bool]) -> Result<()>,
+) -> Result<*mut pg_sys::TupleTableSlot> {
+    unsafe {
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
         pg_sys::slot_getallattrs(locked);
         let mut values = std::slice::from_raw_parts((*locked).tts_values, natts).to_vec();
         let mut nulls = std::slice::from_raw_parts((*locked).tts_isnull, natts).to_vec();
-        let at = |attnum: pg_sys::AttrNumber| attnum as usize - 1;
-        let Some(more) = (!nulls[at(takes)])
-            .then(|| values[at(takes)].value() as i32)
-            .and_then(|n| n.checked_add(1))
-        else {
-            return Err(Error::Raised {
-                code: *b"22003",
-                message: "integer out of range".into(),
-                detail: None,
-                hint: None,
-            });
-        };
-        values[at(leased_until)] = pg_sys::Datum::from(until);
-        nulls[at(leased_until)] = false;
-        values[at(taken_at)] = pg_sys::Datum::from(now);
-        nulls[at(taken_at)] = false;
-        values[at(takes)] = pg_sys::Datum::from(more);
+        edit(&mut values, &mut nulls)?;
         let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         let version = pg_sys::MakeSingleTupleTableSlot(desc, &pg_sys::TTSOpsHeapTuple);
         pg_sys::ExecStoreHeapTuple(tuple, version, true);
@@ -650,37 +1112,74 @@ unsafe fn lease(
             // not HOT: every index gets an entry for the new version, as
             // ExecInsertIndexTuples would make it (the key is unchanged, so
             // the unique check finds only our own old version)
-            let mut new_tid = (*version).tts_tid;
-            for (oid, _) in &shape.indexes {
-                let index = Open(pg_sys::index_open(*oid, pg_sys::RowExclusiveLock as _));
-                let info = pg_sys::BuildIndexInfo(index.0);
-                let mut ivalues = [pg_sys::Datum::from(0); pg_sys::INDEX_MAX_KEYS as usize];
-                let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
-                pg_sys::FormIndexDatum(
-                    info,
-                    version,
-                    std::ptr::null_mut(),
-                    ivalues.as_mut_ptr(),
-                    inulls.as_mut_ptr(),
-                );
-                let unique = if (*(*index.0).rd_index).indisunique {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
-                } else {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
-                };
-                pg_sys::index_insert(
-                    index.0,
-                    ivalues.as_mut_ptr(),
-                    inulls.as_mut_ptr(),
-                    &mut new_tid,
-                    rel,
-                    unique,
-                    true,
-                    info,
-                );
-            }
+            index_entries(rel, shape, version, Some(changed), std::ptr::null_mut());
         }
         Ok(version)
+    }
+}
+
+/// Insert into every index of `rel` the entries of the row version in
+/// `slot`, as `ExecInsertIndexTuples` does: for an update that changed the
+/// attributes `changed`, or (`None`) for a speculative insert. A unique index
+/// raises on a duplicate key (a statement's immediate check), but for the
+/// primary key in a speculative insert: there a duplicate, committed or not,
+/// only makes the answer false (an `ON CONFLICT` arbiter's partial check).
+/// `pkey`, when not null, is the primary key, open for writing.
+///
+/// # Safety
+/// `rel` is open for writing and `slot` holds a version of its row just
+/// written by this transaction; the shape is the table's as of now.
+unsafe fn index_entries(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    slot: *mut pg_sys::TupleTableSlot,
+    changed: Option<&[pg_sys::AttrNumber]>,
+    pkey: pg_sys::Relation,
+) -> bool {
+    unsafe {
+        let mut tid = (*slot).tts_tid;
+        let mut unique = true;
+        for entry in &shape.indexes {
+            let opened;
+            let index = if entry.oid == shape.pkey && !pkey.is_null() {
+                pkey
+            } else {
+                opened = Open(pg_sys::index_open(entry.oid, pg_sys::RowExclusiveLock as _));
+                opened.0
+            };
+            let info = pg_sys::BuildIndexInfo(index);
+            let mut ivalues = [pg_sys::Datum::from(0); pg_sys::INDEX_MAX_KEYS as usize];
+            let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
+            pg_sys::FormIndexDatum(
+                info,
+                slot,
+                std::ptr::null_mut(),
+                ivalues.as_mut_ptr(),
+                inulls.as_mut_ptr(),
+            );
+            let check = if !entry.unique {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
+            } else if changed.is_none() && entry.oid == shape.pkey {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL
+            } else {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
+            };
+            let satisfied = pg_sys::index_insert(
+                index,
+                ivalues.as_mut_ptr(),
+                inulls.as_mut_ptr(),
+                &mut tid,
+                rel,
+                check,
+                // the hint an update gives an index whose key it left alone
+                changed.is_some_and(|c| !entry.keys.iter().any(|k| c.contains(k))),
+                info,
+            );
+            if check == pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL && !satisfied {
+                unique = false;
+            }
+        }
+        unique
     }
 }
 
@@ -839,14 +1338,94 @@ unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
             if !plain || keys.contains(&0) {
                 return None;
             }
-            indexes.push((oid, keys));
+            indexes.push(Index {
+                oid,
+                keys,
+                unique: form.indisunique,
+            });
         }
+        let desc = (*rel.0).rd_att;
+        let constr = (*desc).constr;
+        let defaults: &[pg_sys::AttrDefault] = if constr.is_null() || (*constr).defval.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts((*constr).defval, (*constr).num_defval as usize)
+        };
+        let attrs = (0..(*desc).natts as usize)
+            .map(|i| {
+                let a = &*attribute(desc, i);
+                let default = defaults
+                    .iter()
+                    .find(|d| d.adnum as usize == i + 1)
+                    .map_or(Stored::None, |d| default_of(d.adbin));
+                Attr {
+                    dropped: a.attisdropped,
+                    not_null: a.attnotnull,
+                    generated: a.attgenerated != 0,
+                    default,
+                }
+            })
+            .collect();
         Some(Shape {
             attnums,
             types,
             indexes,
             pkey,
+            attrs,
+            checks: !constr.is_null() && (*constr).num_check > 0,
         })
+    }
+}
+
+/// Attribute `i` (from 0) of `desc`.
+///
+/// # Safety
+/// `i` is below `desc`'s `natts`.
+unsafe fn attribute(desc: pg_sys::TupleDesc, i: usize) -> *const pg_sys::FormData_pg_attribute {
+    unsafe {
+        #[cfg(feature = "pg18")]
+        let a = pg_sys::TupleDescAttr(desc, i as i32).cast_const();
+        #[cfg(not(feature = "pg18"))]
+        let a = (*desc).attrs.as_ptr().add(i);
+        a
+    }
+}
+
+/// What the stored default expression `adbin` is, for an insert here.
+///
+/// # Safety
+/// `adbin` is a node tree's string form, from `pg_attrdef`.
+unsafe fn default_of(adbin: *const std::ffi::c_char) -> Stored {
+    unsafe {
+        let node = pg_sys::stringToNode(adbin).cast::<pg_sys::Node>();
+        if node.is_null() {
+            return Stored::Other;
+        }
+        let constant = |node: *mut pg_sys::Node, type_: pg_sys::Oid| {
+            let c = node.cast::<pg_sys::Const>();
+            ((*node).type_ == pg_sys::NodeTag::T_Const
+                && (*c).consttype == type_
+                && !(*c).constisnull)
+                .then(|| (*c).constvalue)
+        };
+        if let Some(v) = constant(node, pg_sys::INT4OID) {
+            return Stored::Int4(v.value() as i32);
+        }
+        if (*node).type_ == pg_sys::NodeTag::T_FuncExpr {
+            let f = node.cast::<pg_sys::FuncExpr>();
+            let args = (*f).args;
+            if (*f).funcid == pg_sys::Oid::from(pg_sys::F_NEXTVAL)
+                && !args.is_null()
+                && (*args).length == 1
+                && let Some(seq) = constant(
+                    (*(*args).elements).ptr_value.cast::<pg_sys::Node>(),
+                    pg_sys::REGCLASSOID,
+                )
+            {
+                return Stored::Next(pg_sys::Oid::from(seq.value() as u32));
+            }
+        }
+        Stored::Other
     }
 }
 

@@ -412,19 +412,25 @@ static QUEUE: access::Table = access::Table::new(
         c"seq",
         c"taken_at",
         c"takes",
+        c"scheduled_at",
     ],
 );
 const Q_QUEUE: access::Col = access::Col(0);
 const Q_WORKFLOW: access::Col = access::Col(1);
 const Q_LEASED_UNTIL: access::Col = access::Col(2);
+const Q_VISIBLE_AT: access::Col = access::Col(3);
+const Q_SEQ: access::Col = access::Col(4);
+const Q_TAKEN_AT: access::Col = access::Col(5);
+const Q_TAKES: access::Col = access::Col(6);
+const Q_SCHEDULED_AT: access::Col = access::Col(7);
 
 static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
     queue: Q_QUEUE,
-    visible_at: access::Col(3),
-    seq: access::Col(4),
+    visible_at: Q_VISIBLE_AT,
+    seq: Q_SEQ,
     leased_until: Q_LEASED_UNTIL,
-    taken_at: access::Col(5),
-    takes: access::Col(6),
+    taken_at: Q_TAKEN_AT,
+    takes: Q_TAKES,
     key: Q_WORKFLOW,
 };
 
@@ -489,14 +495,42 @@ statements!(
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
 /// arguments. `schedule` and `arrive` both end here.
 pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Name) -> Result<()> {
-    run_one(
-        schema::pick(&SCHEDULE, &SCHEDULE_RELEASED),
-        &[workflow.into(), visible_at.into(), queue.into()],
-        |_| Ok(()),
-    )?;
     // `now()` in SQL: the transaction's start
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
     let at = pg_sys::TimestampTz::from(visible_at);
+    // [`SCHEDULE`]'s upsert without the statement, where nothing it would
+    // do is skipped that way (see `access`)
+    let upserted = match (queue.into_datum(), workflow.into_datum()) {
+        (Some(q), Some(w)) => QUEUE.upsert(&access::Upsert {
+            key: [(Q_QUEUE, q), (Q_WORKFLOW, w)],
+            set: &[
+                (
+                    Q_VISIBLE_AT,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(at)),
+                ),
+                (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
+                (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
+                (
+                    Q_SCHEDULED_AT,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(now)),
+                ),
+            ],
+            fill: &[
+                (Q_TAKES, access::Fill::Int4(0)),
+                (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
+            ],
+        })?,
+        _ => None,
+    };
+    if upserted.is_none() {
+        run_one(
+            schema::pick(&SCHEDULE, &SCHEDULE_RELEASED),
+            &[workflow.into(), visible_at.into(), queue.into()],
+            |_| Ok(()),
+        )?;
+    }
     if at < now {
         generation::bump();
     }
@@ -980,7 +1014,8 @@ mod schema {
     use crate::plan::Statement;
     use crate::sequence::Sequence;
 
-    static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_seq");
+    /// Also the default of `sturdy.queue.seq`.
+    pub static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_seq");
 
     pub fn current() -> bool {
         SEQUENCE.exists()
@@ -1643,6 +1678,109 @@ mod tests {
     }
 
     #[pg_test]
+    fn schedule_upserts_without_a_statement_and_with_one_where_the_table_asks_for_more() {
+        let served = crate::access::served;
+        let row = |w: &str| {
+            one::<String>(&format!(
+                "SELECT concat_ws(':', visible_at - now(), taken_at IS NULL, takes, leased_until IS NULL,
+                                  scheduled_at = now(), seq)
+                   FROM sturdy.queue WHERE queue = 'ups' AND workflow = '{w}'"
+            ))
+            .unwrap_or_default()
+        };
+        let before = served();
+        Spi::run("SELECT sturdy.schedule('u1', now() - interval '1 second', 'ups')").unwrap();
+        assert_eq!(served(), before + 1, "inserted without a statement");
+        let seq = one::<i64>("SELECT last_value FROM sturdy.queue_seq").unwrap();
+        assert_eq!(
+            row("u1"),
+            format!("-00:00:01:t:0:t:t:{seq}"),
+            "the row the statement inserts: takes and seq by their defaults"
+        );
+        Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('ups')").unwrap();
+        Spi::run("SELECT sturdy.schedule('u1', now() + interval '1 hour', 'ups')").unwrap();
+        assert_eq!(served(), before + 3, "updated without a statement");
+        assert_eq!(
+            row("u1"),
+            format!("01:00:00:t:1:t:t:{seq}"),
+            "the lease gone, takes and the place's seq kept"
+        );
+        assert_eq!(
+            one::<bool>("SELECT sturdy.done(workflow, receipt, 'ups') FROM t"),
+            Some(false),
+            "the wakeup outlives the pass"
+        );
+        // a column of the user's own with a default: the statement gives it
+        Spi::run("ALTER TABLE sturdy.queue ADD COLUMN note text DEFAULT 'given'").unwrap();
+        let before = served();
+        Spi::run("SELECT sturdy.schedule('u2', now(), 'ups')").unwrap();
+        assert_eq!(served(), before, "through the statement");
+        assert_eq!(
+            one::<String>("SELECT note FROM sturdy.queue WHERE workflow = 'u2'").as_deref(),
+            Some("given")
+        );
+        // dropped, it is NULL in every new row: no statement needed
+        Spi::run("ALTER TABLE sturdy.queue DROP COLUMN note").unwrap();
+        Spi::run("SELECT sturdy.schedule('u3', now(), 'ups')").unwrap();
+        assert_eq!(served(), before + 1, "without a statement again");
+        // a default of ours changed: the statement gives the new one
+        Spi::run("ALTER TABLE sturdy.queue ALTER COLUMN takes SET DEFAULT 7").unwrap();
+        Spi::run("SELECT sturdy.schedule('u4', now(), 'ups')").unwrap();
+        assert_eq!(served(), before + 1);
+        assert_eq!(
+            one::<i32>("SELECT takes FROM sturdy.queue WHERE workflow = 'u4'"),
+            Some(7)
+        );
+        Spi::run("ALTER TABLE sturdy.queue ALTER COLUMN takes SET DEFAULT 0").unwrap();
+        // a CHECK constraint or a NOT NULL on a column the row leaves NULL:
+        // the statement, which enforces it
+        Spi::run("ALTER TABLE sturdy.queue ADD CONSTRAINT short CHECK (length(workflow) < 4)")
+            .unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT sturdy.schedule('too long', now(), 'ups')"),
+            "23514"
+        );
+        Spi::run("ALTER TABLE sturdy.queue DROP CONSTRAINT short").unwrap();
+        Spi::run(
+            "UPDATE sturdy.queue SET taken_at = now();
+             ALTER TABLE sturdy.queue ALTER COLUMN taken_at SET NOT NULL",
+        )
+        .unwrap();
+        assert_eq!(
+            sqlstate_of("SELECT sturdy.schedule('u5', now(), 'ups')"),
+            "23502"
+        );
+        Spi::run("ALTER TABLE sturdy.queue ALTER COLUMN taken_at DROP NOT NULL").unwrap();
+        // another unique index: an arbiter of the statement's own choosing
+        Spi::run("CREATE UNIQUE INDEX queue_seq_unique ON sturdy.queue (seq)").unwrap();
+        Spi::run("SELECT sturdy.schedule('u6', now(), 'ups')").unwrap();
+        Spi::run("DROP INDEX sturdy.queue_seq_unique").unwrap();
+        // a trigger: the statement, which fires it
+        note_rows("INSERT OR UPDATE", "NEW");
+        Spi::run("SELECT sturdy.schedule('u7', now(), 'ups'); SELECT sturdy.schedule('u7', now(), 'ups');")
+            .unwrap();
+        assert_eq!(
+            one::<String>("SELECT string_agg(workflow, ',') FROM noted").as_deref(),
+            Some("u7,u7")
+        );
+        Spi::run("DROP TRIGGER noted ON sturdy.queue").unwrap();
+        assert_eq!(served(), before + 1, "all through the statement");
+        Spi::run("SELECT sturdy.schedule('u8', now(), 'ups')").unwrap();
+        assert_eq!(
+            served(),
+            before + 2,
+            "and without it once the table is ours again"
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(workflow, ',' ORDER BY workflow) FROM sturdy.queue WHERE queue = 'ups'"
+            )
+            .as_deref(),
+            Some("u1,u2,u3,u4,u6,u7,u8")
+        );
+    }
+
+    #[pg_test]
     fn take_and_done_follow_changes_to_the_queue_table_they_do_not_know() {
         let served = crate::access::served;
         Spi::run(
@@ -1850,6 +1988,52 @@ mod tests {
         Spi::run("SET LOCAL transaction_read_only = on").unwrap();
         assert_eq!(sqlstate_of(done), "25006");
         assert_eq!(count("sturdy.queue"), 1, "nothing removed");
+    }
+
+    #[pg_test]
+    fn a_privilege_comes_and_goes_with_the_grant_or_the_membership_that_gives_it() {
+        let served = crate::access::served;
+        Spi::run(
+            "SELECT sturdy.schedule(w, now() - interval '1 second') FROM unnest(array['m1', 'm2', 'm3']) w;
+             CREATE TEMP TABLE t AS SELECT * FROM sturdy.take(max => 3);
+             GRANT SELECT ON t TO PUBLIC;
+             CREATE ROLE sturdy_test_member;
+             CREATE ROLE sturdy_test_deleter;
+             GRANT USAGE ON SCHEMA sturdy TO sturdy_test_member;
+             GRANT EXECUTE ON FUNCTION sturdy.done(text, timestamptz, text) TO sturdy_test_member;
+             GRANT SELECT ON sturdy.queue TO sturdy_test_member;
+             GRANT DELETE ON sturdy.queue TO sturdy_test_deleter;",
+        )
+        .unwrap();
+        let done = |w: &str| {
+            format!("SELECT sturdy.done(workflow, receipt) FROM pg_temp.t WHERE workflow = '{w}'")
+        };
+        Spi::run("SET LOCAL ROLE sturdy_test_member").unwrap();
+        assert_eq!(sqlstate_of(&done("m1")), "42501", "no DELETE yet");
+        // a membership that gives DELETE: found at once
+        Spi::run("RESET ROLE; GRANT sturdy_test_deleter TO sturdy_test_member; SET LOCAL ROLE sturdy_test_member")
+            .unwrap();
+        let before = served();
+        assert_eq!(one::<bool>(&done("m1")), Some(true));
+        assert_eq!(
+            served(),
+            before + 1,
+            "through the access path, the privilege found"
+        );
+        // the membership revoked: refused again, not served by what was known
+        Spi::run("RESET ROLE; REVOKE sturdy_test_deleter FROM sturdy_test_member; SET LOCAL ROLE sturdy_test_member")
+            .unwrap();
+        assert_eq!(sqlstate_of(&done("m2")), "42501", "the membership is gone");
+        // a grant to the role itself, then its revoke
+        Spi::run("RESET ROLE; GRANT DELETE ON sturdy.queue TO sturdy_test_member; SET LOCAL ROLE sturdy_test_member")
+            .unwrap();
+        assert_eq!(one::<bool>(&done("m2")), Some(true));
+        assert_eq!(served(), before + 2);
+        Spi::run("RESET ROLE; REVOKE DELETE ON sturdy.queue FROM sturdy_test_member; SET LOCAL ROLE sturdy_test_member")
+            .unwrap();
+        assert_eq!(sqlstate_of(&done("m3")), "42501", "the grant is gone");
+        Spi::run("RESET ROLE").unwrap();
+        assert_eq!(count("sturdy.queue"), 1, "m3 still queued");
     }
 
     #[pg_test]

@@ -42,7 +42,7 @@ impl Sequence {
         Sequence { schema, name }
     }
 
-    fn oid(&'static self) -> Option<pg_sys::Oid> {
+    pub fn oid(&'static self) -> Option<pg_sys::Oid> {
         // SAFETY: catalog lookups inside a transaction (we are called from a
         // statement); the callback is registered once per backend, and it
         // only clears our cache.
