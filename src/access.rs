@@ -1,6 +1,8 @@
-//! The queue's two hottest row operations done through the table and index
+//! The queue's hottest row operations done through the table and index
 //! access methods, without a statement: `done`'s delete by primary key
-//! ([`Table::delete_if`]) and a one-row `take`'s lease ([`Table::lease_first`]).
+//! ([`Table::delete_if`]), a one-row `take`'s lease ([`Table::lease_first`])
+//! and `schedule`'s upsert ([`Table::upsert`], `INSERT ... ON CONFLICT DO
+//! UPDATE` by the executor's protocol).
 //!
 //! A statement run through SPI pays, on every call, for the plan cache's
 //! checks, an executor started and shut down around its plan and SPI's own
@@ -17,9 +19,14 @@
 //! triggers), no rules, no row-level security and no table inheriting from
 //! it, its indexes plain btrees on
 //! columns (no expressions, no predicates, no deferred uniqueness, so that an
-//! update that cannot be HOT inserts its entries as the executor would); the
+//! update that cannot be HOT inserts its entries as the executor would); for
+//! an insert, no `CHECK` constraint, no unique index but the primary key, and
+//! every column the row does not name NULL-able with no default, or with the
+//! very default the caller gives; the
 //! caller must hold, at the table level, the privileges the statement needs
-//! (`DELETE` or `UPDATE`, and `SELECT`); the transaction must be read-write.
+//! (`DELETE`, `UPDATE` or both `INSERT` and `UPDATE`, and `SELECT`; what
+//! `pg_class_aclcheck` answered is kept per role until an invalidation that
+//! could change it); the transaction must be read-write.
 //! Where any of that does not hold, the call answers `None` and the caller
 //! runs its statement, which does what the executor does and raises what it
 //! raises. What the executor does when a row changes under it is done here
@@ -259,13 +266,32 @@ pub enum Fill {
 /// What [`Table::upsert`] writes: the row an `INSERT ... ON CONFLICT (key)
 /// DO UPDATE` of these columns would.
 pub struct Upsert<'a> {
-    /// The primary key's two `text` columns, in its order, and their values.
-    pub key: [(Col, pg_sys::Datum); 2],
+    /// The primary key's `text` columns, in its order, and their values.
+    pub key: &'a [(Col, pg_sys::Datum)],
     /// Columns the insert writes and the update writes over a row already
     /// there, with their types and values (`None`: NULL).
     pub set: &'a [(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
     /// Columns the insert leaves to their defaults, which must be these.
     pub fill: &'a [(Col, Fill)],
+}
+
+/// A row [`Opened::lock`] locked, as it stands.
+pub struct Locked {
+    slot: *mut pg_sys::TupleTableSlot,
+    snapshot: pg_sys::Snapshot,
+    shape: Rc<Shape>,
+    cid: pg_sys::CommandId,
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // SAFETY: made by `Opened::lock` in this transaction, released once;
+        // the row lock stays until the transaction ends.
+        unsafe {
+            pg_sys::ExecDropSingleTupleTableSlot(self.slot);
+            pg_sys::UnregisterSnapshot(self.snapshot);
+        }
+    }
 }
 
 /// A relation opened for writing, closed (its lock kept) when dropped.
@@ -357,13 +383,13 @@ impl Table {
         }
     }
 
-    /// The table opened for a write that needs `privileges` (besides
-    /// `SELECT`), with its shape; `None` where a statement must do it.
-    ///
-    /// # Safety
-    /// Inside a transaction.
-    unsafe fn open(&'static self, privileges: &[u32]) -> Option<(Open, Rc<Shape>)> {
+    /// The table opened for writes that need `privileges` (besides
+    /// `SELECT`, which every one needs), with its shape; `None` where a
+    /// statement must do them (see the module comment).
+    pub fn opened(&'static self, privileges: &[u32]) -> Option<Opened> {
         let relid = self.known()?.relid;
+        // SAFETY: inside a transaction (we are called from a statement); the
+        // table is opened and locked as a statement writing it would.
         unsafe {
             // one privilege at a time: given several, pg_class_aclcheck
             // answers whether the role holds any of them
@@ -397,18 +423,248 @@ impl Table {
             {
                 return None;
             }
-            Some((rel, shape))
+            Some(Opened {
+                rel,
+                shape,
+                privileges: privileges.iter().fold(0, |all, p| all | p),
+            })
         }
     }
 
-    /// Delete the row whose primary key is `key` (two `text` columns, in the
+    /// [`Opened::delete_if`], the table opened for it.
+    pub fn delete_if(
+        &'static self,
+        key: &[(Col, pg_sys::Datum)],
+        check: Col,
+        equals: pg_sys::TimestampTz,
+    ) -> Result<Option<bool>> {
+        match self.opened(&[pg_sys::ACL_DELETE]) {
+            Some(table) => table.delete_if(key, check, equals),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Opened::lease_first`], the table opened for it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lease_first(
+        &'static self,
+        c: &LeaseColumns,
+        queue: pg_sys::Datum,
+        from: (pg_sys::TimestampTz, i64),
+        due: pg_sys::TimestampTz,
+        until: pg_sys::TimestampTz,
+        now: pg_sys::TimestampTz,
+        leased: impl FnOnce(Leased),
+    ) -> Result<Option<bool>> {
+        match self.opened(&[pg_sys::ACL_UPDATE]) {
+            Some(table) => table.lease_first(c, queue, from, due, until, now, leased),
+            None => Ok(None),
+        }
+    }
+
+    /// [`Opened::upsert`], the table opened for it.
+    pub fn upsert(&'static self, u: &Upsert) -> Result<Option<bool>> {
+        match self.opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) {
+            Some(table) => table.upsert(u),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A table of ours opened here for writes (its lock kept to the end of the
+/// transaction, as a statement's is), with what is known of it. Each write
+/// answers `None` where it cannot be done here, with nothing done: one the
+/// table was not opened for (`privileges`), or one its shape does not allow.
+pub struct Opened {
+    rel: Open,
+    shape: Rc<Shape>,
+    /// The privileges the role was found to hold, one bit each.
+    privileges: u32,
+}
+
+impl Opened {
+    /// Whether the table was opened for writes that need `privilege`.
+    fn may(&self, privilege: u32) -> bool {
+        self.privileges & privilege == privilege
+    }
+
+    /// Whether the primary key is exactly `cols`, all `text`: a key
+    /// [`Opened::delete_if`], [`Opened::lock`] and [`Opened::upsert`] take.
+    fn keyed_by(&self, cols: &[Col]) -> bool {
+        let shape = &self.shape;
+        cols.len() <= MAX_KEYS
+            && shape.index_on(cols) == Some(shape.pkey)
+            && cols.iter().all(|col| shape.types[col.0] == pg_sys::TEXTOID)
+    }
+
+    /// Whether [`Opened::lock`] can be done here, by a key of `cols`.
+    pub fn can_lock(&self, cols: &[Col]) -> bool {
+        self.may(pg_sys::ACL_UPDATE) && self.keyed_by(cols)
+    }
+
+    /// Lock the row whose primary key is `key` (`text` columns, in the
+    /// primary key's order) as `SELECT ... FOR UPDATE` does: waiting for a
+    /// transaction that holds it; read committed, a row updated and
+    /// committed meanwhile is followed to its newest version, which must
+    /// still have the key; under repeatable read or serializable one changed
+    /// since the snapshot fails with `40001`. `Some(None)`: no such row;
+    /// `None` when it cannot be done here.
+    pub fn lock(&self, key: &[(Col, pg_sys::Datum)]) -> Result<Option<Option<Locked>>> {
+        let cols: Vec<Col> = key.iter().map(|&(col, _)| col).collect();
+        if !self.can_lock(&cols) {
+            return Ok(None);
+        }
+        let (rel, shape) = (&self.rel, &self.shape);
+        // SAFETY: as in `delete_if`; the slot and the snapshot go with the
+        // `Locked` returned, or here.
+        unsafe {
+            let index = Open(pg_sys::index_open(shape.pkey, pg_sys::AccessShareLock as _));
+            pg_sys::CommandCounterIncrement();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+            let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            let mut keys = key_scan(index.0, key);
+            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()]);
+            let found =
+                pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+            let mut tid = (*slot).tts_tid;
+            pg_sys::index_endscan(scan);
+            let locked = Locked {
+                slot,
+                snapshot,
+                shape: Rc::clone(shape),
+                cid,
+            };
+            if !found {
+                return Ok(Some(None));
+            }
+            let flags = pg_sys::TUPLE_LOCK_FLAG_LOCK_UPDATE_IN_PROGRESS as u8
+                | if repeatable() {
+                    0
+                } else {
+                    pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8
+                };
+            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+            let result = pg_sys::table_tuple_lock(
+                rel.0,
+                &mut tid,
+                snapshot,
+                slot,
+                cid,
+                pg_sys::LockTupleMode::LockTupleExclusive,
+                pg_sys::LockWaitPolicy::LockWaitBlock,
+                flags,
+                &mut failure,
+            );
+            count_served();
+            match result {
+                pg_sys::TM_Result::TM_Ok => {}
+                pg_sys::TM_Result::TM_Updated if repeatable() => {
+                    return Err(serialization("update"));
+                }
+                pg_sys::TM_Result::TM_Deleted if repeatable() => {
+                    return Err(serialization("delete"));
+                }
+                // gone, or updated by this very command: as invisible
+                pg_sys::TM_Result::TM_Deleted | pg_sys::TM_Result::TM_SelfModified => {
+                    return Ok(Some(None));
+                }
+                other => return Err(unexpected("table_tuple_lock", other)),
+            }
+            // a newer version than the snapshot's: the key rechecked on it,
+            // as EvalPlanQual would
+            if failure.traversed
+                && !key
+                    .iter()
+                    .all(|&(col, v)| same_text(slot, shape.attnums[col.0], v))
+            {
+                return Ok(Some(None));
+            }
+            Ok(Some(Some(locked)))
+        }
+    }
+
+    /// The `bigint` column `col` of a row [`Opened::lock`] locked.
+    pub fn int8(&self, row: &Locked, col: Col) -> Option<i64> {
+        (self.shape.types[col.0] == pg_sys::INT8OID)
+            // SAFETY: the slot holds the locked row, the column is `bigint`.
+            .then(|| unsafe { int8(row.slot, self.shape.attnums[col.0]) })
+            .flatten()
+    }
+
+    /// The `timestamptz` column `col` of a row [`Opened::lock`] locked.
+    pub fn timestamptz(&self, row: &Locked, col: Col) -> Option<pg_sys::TimestampTz> {
+        (self.shape.types[col.0] == pg_sys::TIMESTAMPTZOID)
+            // SAFETY: as in `int8`, for a `timestamptz`.
+            .then(|| unsafe { timestamptz(row.slot, self.shape.attnums[col.0]) })
+            .flatten()
+    }
+
+    /// Write `set` (columns, their types and values, `None`: NULL) over the
+    /// row [`Opened::lock`] locked, as an `UPDATE` of it would: the new
+    /// version with its index entries where the update is not HOT. `None`
+    /// when it cannot be done here (a `CHECK` constraint to test, a column
+    /// of another type, a NULL where none may be), with nothing written.
+    pub fn update(
+        &self,
+        row: &Locked,
+        set: &[(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
+    ) -> Result<Option<()>> {
+        let shape = &self.shape;
+        if !self.may(pg_sys::ACL_UPDATE)
+            || !Rc::ptr_eq(shape, &row.shape)
+            || shape.checks
+            || !set.iter().all(|&(col, oid, value)| {
+                shape.types[col.0] == oid
+                    && (value.is_some() || !shape.attrs[shape.attnums[col.0] as usize - 1].not_null)
+            })
+        {
+            return Ok(None);
+        }
+        let changed: Vec<pg_sys::AttrNumber> =
+            set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
+        // SAFETY: the row is locked by us in `row.slot`, its snapshot
+        // registered; the table is open for writing.
+        unsafe {
+            pg_sys::CheckCmdReplicaIdentity(self.rel.0, pg_sys::CmdType::CMD_UPDATE);
+            let version = rewrite(
+                self.rel.0,
+                shape,
+                row.slot,
+                (*row.slot).tts_tid,
+                row.cid,
+                row.snapshot,
+                &changed,
+                |values, nulls| {
+                    for (&(_, _, value), &attnum) in set.iter().zip(&changed) {
+                        let i = attnum as usize - 1;
+                        values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+                        nulls[i] = value.is_none();
+                    }
+                    Ok(())
+                },
+            )?;
+            pg_sys::ExecDropSingleTupleTableSlot(version);
+        }
+        count_served();
+        Ok(Some(()))
+    }
+
+    /// Whether [`Opened::delete_if`] can be done here, by a key of `cols`.
+    pub fn can_delete_if(&self, cols: &[Col], check: Col) -> bool {
+        self.may(pg_sys::ACL_DELETE)
+            && self.keyed_by(cols)
+            && self.shape.types[check.0] == pg_sys::TIMESTAMPTZOID
+    }
+
+    /// Delete the row whose primary key is `key` (`text` columns, in the
     /// primary key's order) if its `timestamptz` column `check` equals
     /// `equals`: whether a row went. `None` when it cannot be done here (see
     /// the module comment): nothing was done, and the caller runs its
     /// statement.
     pub fn delete_if(
-        &'static self,
-        key: [(Col, pg_sys::Datum); 2],
+        &self,
+        key: &[(Col, pg_sys::Datum)],
         check: Col,
         equals: pg_sys::TimestampTz,
     ) -> Result<Option<bool>> {
@@ -416,18 +672,12 @@ impl Table {
         // before we return (see `Open`), the snapshot registered is
         // unregistered, the slot and the scans are released. On an error
         // Postgres raises beneath us, its abort releases all of them.
+        let cols: Vec<Col> = key.iter().map(|&(col, _)| col).collect();
+        if !self.can_delete_if(&cols, check) {
+            return Ok(None);
+        }
+        let (rel, shape) = (&self.rel, &self.shape);
         unsafe {
-            let Some((rel, shape)) = self.open(&[pg_sys::ACL_DELETE]) else {
-                return Ok(None);
-            };
-            if shape.index_on(&[key[0].0, key[1].0]) != Some(shape.pkey)
-                || key
-                    .iter()
-                    .any(|(col, _)| shape.types[col.0] != pg_sys::TEXTOID)
-                || shape.types[check.0] != pg_sys::TIMESTAMPTZOID
-            {
-                return Ok(None);
-            }
             let index = Open(pg_sys::index_open(shape.pkey, pg_sys::AccessShareLock as _));
             pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_DELETE);
             // see what the commands before ours in this transaction did, as
@@ -438,11 +688,8 @@ impl Table {
             let check = shape.attnums[check.0];
             let outcome = loop {
                 let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
-                let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
-                for (i, (k, (_, v))) in keys.iter_mut().zip(key).enumerate() {
-                    equal_key(k, index.0, i, v);
-                }
-                let scan = begin_scan(rel.0, index.0, snapshot, &mut keys);
+                let mut keys = key_scan(index.0, key);
+                let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()]);
                 let mut found = None;
                 if pg_sys::index_getnext_slot(
                     scan,
@@ -503,7 +750,7 @@ impl Table {
     /// leased.
     #[allow(clippy::too_many_arguments)]
     pub fn lease_first(
-        &'static self,
+        &self,
         c: &LeaseColumns,
         queue: pg_sys::Datum,
         from: (pg_sys::TimestampTz, i64),
@@ -514,10 +761,11 @@ impl Table {
     ) -> Result<Option<bool>> {
         // SAFETY: as in `delete_if`; the new row version is formed from the
         // locked one's values with the table's own descriptor.
+        if !self.may(pg_sys::ACL_UPDATE) {
+            return Ok(None);
+        }
+        let (rel, shape) = (&self.rel, &self.shape);
         unsafe {
-            let Some((rel, shape)) = self.open(&[pg_sys::ACL_UPDATE]) else {
-                return Ok(None);
-            };
             let Some(scan_index) = shape.index_on(&[c.queue, c.visible_at, c.seq]) else {
                 return Ok(None);
             };
@@ -595,7 +843,7 @@ impl Table {
                 pg_sys::Oid::from(pg_sys::F_TIMESTAMPTZ_LE),
                 pg_sys::Datum::from(due),
             );
-            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys);
+            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..]);
             let found = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let locked = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let is_due = |slot: *mut pg_sys::TupleTableSlot| {
@@ -669,7 +917,7 @@ impl Table {
                 let tid = (*locked).tts_tid;
                 match lease(
                     rel.0,
-                    &shape,
+                    shape,
                     locked,
                     tid,
                     cid,
@@ -699,7 +947,7 @@ impl Table {
     }
 }
 
-impl Table {
+impl Opened {
     /// Insert the row `u` describes, or, where one with its key is there
     /// (committed, or once the transaction writing it has ended), update that
     /// one's `set` columns: `INSERT ... ON CONFLICT (key) DO UPDATE`, by the
@@ -718,18 +966,42 @@ impl Table {
     /// row is inserted speculatively: the primary key's entry is checked
     /// without raising, and where another transaction's entry for the key
     /// came first, our row is taken back and the look made again.
-    pub fn upsert(&'static self, u: &Upsert) -> Result<Option<bool>> {
+    pub fn upsert(&self, u: &Upsert) -> Result<Option<bool>> {
+        self.insert(u, true)
+    }
+
+    /// Insert the row `u` describes unless one with its key is there
+    /// (committed, or once the transaction writing it has ended): `INSERT
+    /// ... ON CONFLICT (key) DO NOTHING`, as [`Opened::upsert`] inserts;
+    /// under repeatable read or serializable a row there that the snapshot
+    /// cannot see fails with `40001`. Whether a row was inserted; `None`
+    /// when it cannot be done here.
+    pub fn insert_unless_there(&self, u: &Upsert) -> Result<Option<bool>> {
+        self.insert(u, false)
+    }
+
+    /// Whether [`Opened::upsert`] (`update`) or
+    /// [`Opened::insert_unless_there`] can be done here for `u`.
+    pub fn can_insert(&self, u: &Upsert, update: bool) -> bool {
+        self.may(pg_sys::ACL_INSERT)
+            && (!update || self.may(pg_sys::ACL_UPDATE))
+            && Row::insertable(&self.shape, u).is_some()
+    }
+
+    /// [`Opened::upsert`] where `update`, else [`Opened::insert_unless_there`].
+    fn insert(&self, u: &Upsert, update: bool) -> Result<Option<bool>> {
         // SAFETY: as in `delete_if`; the row is formed with the table's own
         // descriptor, from values of its columns' types; the speculative
         // insertion lock is released on every path once taken (an error
         // between would abort the transaction, which releases it).
+        if !self.may(pg_sys::ACL_INSERT) || (update && !self.may(pg_sys::ACL_UPDATE)) {
+            return Ok(None);
+        }
+        let (rel, shape) = (&self.rel, &self.shape);
+        let Some(mut row) = Row::insertable(shape, u) else {
+            return Ok(None);
+        };
         unsafe {
-            let Some((rel, shape)) = self.open(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) else {
-                return Ok(None);
-            };
-            let Some(mut row) = Row::insertable(&shape, u) else {
-                return Ok(None);
-            };
             // (for the look and for the insert's entry)
             let index = Open(pg_sys::index_open(
                 shape.pkey,
@@ -768,7 +1040,7 @@ impl Table {
                         std::ptr::null_mut(),
                         token,
                     );
-                    let first = index_entries(rel.0, &shape, new, None, index.0);
+                    let first = index_entries(rel.0, shape, new, None, index.0);
                     pg_sys::table_tuple_complete_speculative(rel.0, new, token, first);
                     pg_sys::SpeculativeInsertionLockRelease(xid);
                     if first {
@@ -779,6 +1051,24 @@ impl Table {
                 };
                 if snapshot.is_null() {
                     snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+                }
+                if !update {
+                    // DO NOTHING: the row stays as it is, unlocked; but a
+                    // snapshot of the transaction's start must see it
+                    if repeatable() {
+                        if !pg_sys::table_tuple_fetch_row_version(
+                            rel.0,
+                            &mut tid,
+                            &raw mut pg_sys::SnapshotAnyData,
+                            existing,
+                        ) {
+                            break Err(unexpected("table_tuple_fetch_row_version", 0));
+                        }
+                        if !visible_to(rel.0, existing, snapshot) {
+                            break Err(serialization("update"));
+                        }
+                    }
+                    break Ok(false);
                 }
                 let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
                 let result = pg_sys::table_tuple_lock(
@@ -806,24 +1096,13 @@ impl Table {
                     other => break Err(unexpected("table_tuple_lock", other)),
                 }
                 // locked; a snapshot of the transaction's start must see it
-                if repeatable()
-                    && !pg_sys::table_tuple_satisfies_snapshot(rel.0, existing, snapshot)
-                {
-                    let mut null = false;
-                    let xmin = pg_sys::slot_getsysattr(
-                        existing,
-                        pg_sys::MinTransactionIdAttributeNumber,
-                        &mut null,
-                    );
-                    let xmin = pg_sys::TransactionId::from_inner(xmin.value() as u32);
-                    if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
-                        break Err(serialization("update"));
-                    }
+                if repeatable() && !visible_to(rel.0, existing, snapshot) {
+                    break Err(serialization("update"));
                 }
                 pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
                 let written = rewrite(
                     rel.0,
-                    &shape,
+                    shape,
                     existing,
                     tid,
                     cid,
@@ -875,7 +1154,9 @@ impl Row {
         let natts = shape.attrs.len();
         let at = |col: Col| shape.attnums[col.0] as usize - 1;
         let typed = |col: Col, oid: pg_sys::Oid| shape.types[col.0] == oid;
-        if shape.index_on(&[u.key[0].0, u.key[1].0]) != Some(shape.pkey)
+        let cols: Vec<Col> = u.key.iter().map(|&(col, _)| col).collect();
+        if cols.len() > MAX_KEYS
+            || shape.index_on(&cols) != Some(shape.pkey)
             || !u.key.iter().all(|&(col, _)| typed(col, pg_sys::TEXTOID))
             || !u.set.iter().all(|&(col, oid, _)| typed(col, oid))
             || shape.checks
@@ -889,7 +1170,7 @@ impl Row {
         let mut values = vec![pg_sys::Datum::from(0); natts];
         let mut nulls = vec![true; natts];
         let mut given = vec![false; natts];
-        for &(col, value) in &u.key {
+        for &(col, value) in u.key {
             (values[at(col)], nulls[at(col)], given[at(col)]) = (value, false, true);
         }
         for &(col, _, value) in u.set {
@@ -958,18 +1239,15 @@ impl Row {
 unsafe fn conflicting(
     rel: pg_sys::Relation,
     index: pg_sys::Relation,
-    key: [(Col, pg_sys::Datum); 2],
+    key: &[(Col, pg_sys::Datum)],
     slot: *mut pg_sys::TupleTableSlot,
 ) -> Option<pg_sys::ItemPointerData> {
     unsafe {
         loop {
             let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
-            let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
-            for (i, (k, (_, v))) in keys.iter_mut().zip(key).enumerate() {
-                equal_key(k, index, i, v);
-            }
-            let scan = begin_scan(rel, index, &mut dirty, &mut keys);
+            let mut keys = key_scan(index, key);
+            let scan = begin_scan(rel, index, &mut dirty, &mut keys[..key.len()]);
             let found =
                 pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
             let mut tid = (*slot).tts_tid;
@@ -1183,6 +1461,30 @@ unsafe fn index_entries(
     }
 }
 
+/// Whether the row version in `slot` is one `snapshot` sees, or one this
+/// transaction wrote (`ExecCheckTupleVisible`'s test, for `ON CONFLICT`
+/// under repeatable read or serializable).
+///
+/// # Safety
+/// `slot` holds a row version of `rel`; `snapshot` is registered.
+unsafe fn visible_to(
+    rel: pg_sys::Relation,
+    slot: *mut pg_sys::TupleTableSlot,
+    snapshot: pg_sys::Snapshot,
+) -> bool {
+    unsafe {
+        if pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
+            return true;
+        }
+        let mut null = false;
+        let xmin =
+            pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut null);
+        pg_sys::TransactionIdIsCurrentTransactionId(pg_sys::TransactionId::from_inner(
+            xmin.value() as u32
+        ))
+    }
+}
+
 /// Whether this transaction's snapshot is its first (repeatable read,
 /// serializable): a row changed since cannot be written by it.
 fn repeatable() -> bool {
@@ -1214,23 +1516,47 @@ unsafe fn equal_key(
     }
 }
 
+/// The most columns a key of [`Opened::delete_if`], [`Opened::lock`] or
+/// [`Opened::upsert`] has.
+const MAX_KEYS: usize = 2;
+
+/// Scan keys "index column i = `key[i]`", for a key of `text` columns in
+/// `index`'s order (at most [`MAX_KEYS`]; the rest of the array unused).
+///
+/// # Safety
+/// `index` is open; its first `key.len()` columns are `text`.
+unsafe fn key_scan(
+    index: pg_sys::Relation,
+    key: &[(Col, pg_sys::Datum)],
+) -> [pg_sys::ScanKeyData; MAX_KEYS] {
+    unsafe {
+        let mut keys: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
+        for (i, (k, &(_, v))) in keys.iter_mut().zip(key).enumerate() {
+            equal_key(k, index, i, v);
+        }
+        keys
+    }
+}
+
 /// An index scan of `index` under `snapshot` with `keys`, positioned.
 ///
 /// # Safety
-/// `rel` and `index` are open, `snapshot` is registered, `keys` are valid
-/// for `index` and outlive the scan.
-unsafe fn begin_scan<const N: usize>(
+/// `rel` and `index` are open, `snapshot` is registered (or a dirty
+/// snapshot of the caller's), `keys` are valid for `index` and outlive the
+/// scan.
+unsafe fn begin_scan(
     rel: pg_sys::Relation,
     index: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
-    keys: &mut [pg_sys::ScanKeyData; N],
+    keys: &mut [pg_sys::ScanKeyData],
 ) -> pg_sys::IndexScanDesc {
     unsafe {
+        let n = keys.len() as i32;
         #[cfg(feature = "pg18")]
-        let scan = pg_sys::index_beginscan(rel, index, snapshot, std::ptr::null_mut(), N as i32, 0);
+        let scan = pg_sys::index_beginscan(rel, index, snapshot, std::ptr::null_mut(), n, 0);
         #[cfg(not(feature = "pg18"))]
-        let scan = pg_sys::index_beginscan(rel, index, snapshot, N as i32, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), N as i32, std::ptr::null_mut(), 0);
+        let scan = pg_sys::index_beginscan(rel, index, snapshot, n, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), n, std::ptr::null_mut(), 0);
         scan
     }
 }

@@ -21,6 +21,7 @@
 use pg_sturdy_macros::sql_function;
 use pgrx::pg_sys;
 
+use crate::access;
 use crate::args::{self, Name};
 use crate::claim;
 use crate::datum::{Jsonb, Text};
@@ -38,6 +39,19 @@ use crate::subxact;
 /// `DO UPDATE SET value = cp.value` changes nothing but returns the stored
 /// row, so a loser learns the winner's value in the same statement; `xmax = 0`
 /// tells a fresh insert from that no-op update.
+/// The checkpoints table, for writes without a statement (see `access`):
+/// its columns by position.
+pub(crate) static CHECKPOINTS: access::Table = access::Table::new(
+    c"sturdy",
+    c"checkpoints",
+    &[c"workflow", c"step", c"value", c"token", c"recorded_at"],
+);
+pub(crate) const CP_WORKFLOW: access::Col = access::Col(0);
+pub(crate) const CP_STEP: access::Col = access::Col(1);
+pub(crate) const CP_VALUE: access::Col = access::Col(2);
+pub(crate) const CP_TOKEN: access::Col = access::Col(3);
+pub(crate) const CP_RECORDED_AT: access::Col = access::Col(4);
+
 static RECORD: Statement = Statement {
     sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
           SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()

@@ -15,6 +15,7 @@ use pg_sturdy_macros::sql_function;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 
+use crate::access;
 use crate::args::{self, Name};
 use crate::datum::Text;
 use crate::error::{Error, Result};
@@ -24,6 +25,17 @@ use crate::plan::{Statement, first_value, null, run_one};
 /// free" test: a live lease fails it, nothing is written and no row returns.
 /// Two first claims race on the primary key; the loser waits, then takes the
 /// `DO UPDATE` arm and finds the lease live.
+/// The claims table, for writes without a statement (see `access`): its
+/// columns by position.
+pub(crate) static CLAIMS: access::Table = access::Table::new(
+    c"sturdy",
+    c"claims",
+    &[c"workflow", c"token", c"held_until"],
+);
+pub(crate) const C_WORKFLOW: access::Col = access::Col(0);
+pub(crate) const C_TOKEN: access::Col = access::Col(1);
+pub(crate) const C_HELD_UNTIL: access::Col = access::Col(2);
+
 static CLAIM: Statement = Statement {
     sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
           VALUES ($1, 1, pg_catalog.now() OPERATOR(pg_catalog.+) $2, $3, pg_catalog.now())

@@ -91,17 +91,33 @@ macro_rules! clear_lease {
 /// a team would write, and nothing else: whether the row is ready, the
 /// generation bump of a past-dated one (see [`Floor`]) and the wakeup are
 /// decided in [`schedule_at`] (measured: probing the waiter mark in this
-/// statement cost schedule 34k instructions a call, bench/README.md).
+/// statement cost schedule 34k instructions a call, bench/README.md). Run
+/// only where `access` cannot do the same upsert without it.
 macro_rules! schedule {
     ($schema:tt) => {
         concat!(
-            "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, scheduled_at)
-          VALUES ($3, $1, $2, NULL, pg_catalog.now())
+            "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at",
+            no_lease!($schema, ", leased_until"),
+            ", scheduled_at)
+          VALUES ($3, $1, $2, NULL",
+            no_lease!($schema, ", NULL"),
+            ", pg_catalog.now())
           ON CONFLICT (queue, workflow) DO UPDATE
              SET visible_at = EXCLUDED.visible_at, taken_at = NULL",
             clear_lease!($schema),
             ", scheduled_at = EXCLUDED.scheduled_at"
         )
+    };
+}
+
+/// `$sql` where the schema has a lease column (see [`clear_lease`]): an
+/// inserted row names it, so that it is NULL whatever its default.
+macro_rules! no_lease {
+    (current, $sql:literal) => {
+        $sql
+    };
+    (released, $sql:literal) => {
+        ""
     };
 }
 statements!(
@@ -401,7 +417,7 @@ statements!(
 
 /// The queue's table, for `done` and a one-row `take` without a statement
 /// (see `access`); its columns by position.
-static QUEUE: access::Table = access::Table::new(
+pub(crate) static QUEUE: access::Table = access::Table::new(
     c"sturdy",
     c"queue",
     &[
@@ -415,9 +431,9 @@ static QUEUE: access::Table = access::Table::new(
         c"scheduled_at",
     ],
 );
-const Q_QUEUE: access::Col = access::Col(0);
-const Q_WORKFLOW: access::Col = access::Col(1);
-const Q_LEASED_UNTIL: access::Col = access::Col(2);
+pub(crate) const Q_QUEUE: access::Col = access::Col(0);
+pub(crate) const Q_WORKFLOW: access::Col = access::Col(1);
+pub(crate) const Q_LEASED_UNTIL: access::Col = access::Col(2);
 const Q_VISIBLE_AT: access::Col = access::Col(3);
 const Q_SEQ: access::Col = access::Col(4);
 const Q_TAKEN_AT: access::Col = access::Col(5);
@@ -502,7 +518,7 @@ pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Nam
     // do is skipped that way (see `access`)
     let upserted = match (queue.into_datum(), workflow.into_datum()) {
         (Some(q), Some(w)) => QUEUE.upsert(&access::Upsert {
-            key: [(Q_QUEUE, q), (Q_WORKFLOW, w)],
+            key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
             set: &[
                 (
                     Q_VISIBLE_AT,
@@ -1078,7 +1094,7 @@ fn done(
     // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
         && let Some(done) = QUEUE.delete_if(
-            [(Q_QUEUE, q), (Q_WORKFLOW, w)],
+            &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
             Q_LEASED_UNTIL,
             receipt.into(),
         )?

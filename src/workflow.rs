@@ -40,7 +40,9 @@ use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{IntoDatum, pg_sys};
 
+use crate::access;
 use crate::args::{self, Name};
+use crate::checkpoint;
 use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, MAX_NAME_BYTES, Result};
@@ -605,6 +607,13 @@ fn finish(
         .transpose()?;
     let queue = args::name("queue", queue)?;
 
+    if to.is_none()
+        && let Some((current, removed)) =
+            finish_here(workflow, token, receipt, step.zip(value), queue)?
+    {
+        claim::check_token(workflow, token, current)?;
+        return Ok(removed);
+    }
     let statement = &FINISH[usize::from(to.is_some())][usize::from(step.is_some())];
     let step = step.map_or_else(null::<Text>, Into::into);
     let value = value.map_or_else(null::<Jsonb>, Into::into);
@@ -635,6 +644,114 @@ fn finish(
         });
     }
     Ok(removed.unwrap_or(false))
+}
+
+/// `finish` for a pass that leaves the instance alone (no status), without
+/// its statement, where `access` can do every part of it: the claim row
+/// locked (the fence), and only for the current token the step recorded
+/// unless it is there, the claim released and the queue row done, as the
+/// statement does them (see [`finish!`]). The current token and whether the
+/// row went; `None` with nothing done, where the statement must do it. (A
+/// move of the instance is left to the statement, which tests the table's
+/// `CHECK` constraints.)
+fn finish_here(
+    workflow: Name,
+    token: i64,
+    receipt: TimestampWithTimeZone,
+    step: Option<(Name, Jsonb)>,
+    queue: Name,
+) -> Result<Option<(Option<i64>, bool)>> {
+    let (Some(w), Some(q)) = (workflow.into_datum(), queue.into_datum()) else {
+        return Ok(None);
+    };
+    let now = pg_sys::TimestampTz::from(pgrx::datum::now());
+    let key;
+    let set;
+    let record = match step {
+        Some((step, value)) => {
+            key = [
+                (checkpoint::CP_WORKFLOW, w),
+                (checkpoint::CP_STEP, step.into_datum().unwrap_or(w)),
+            ];
+            let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
+            set = [
+                (checkpoint::CP_VALUE, pg_sys::JSONBOID, value.into_datum()),
+                (checkpoint::CP_TOKEN, pg_sys::INT8OID, token.into_datum()),
+                (
+                    checkpoint::CP_RECORDED_AT,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(clock)),
+                ),
+            ];
+            Some(access::Upsert {
+                key: &key,
+                set: &set,
+                fill: &[],
+            })
+        }
+        None => None,
+    };
+    // every part checked before anything is locked or written
+    let Some(claims) = claim::CLAIMS.opened(&[pg_sys::ACL_UPDATE]) else {
+        return Ok(None);
+    };
+    let Some(rows) = queue::QUEUE.opened(&[pg_sys::ACL_DELETE]) else {
+        return Ok(None);
+    };
+    let checkpoints = match &record {
+        Some(u) => match checkpoint::CHECKPOINTS.opened(&[pg_sys::ACL_INSERT]) {
+            Some(table) if table.can_insert(u, false) => Some(table),
+            _ => return Ok(None),
+        },
+        None => None,
+    };
+    if !claims.can_lock(&[claim::C_WORKFLOW])
+        || !rows.can_delete_if(&[queue::Q_QUEUE, queue::Q_WORKFLOW], queue::Q_LEASED_UNTIL)
+    {
+        return Ok(None);
+    }
+    let Some(fence) = claims.lock(&[(claim::C_WORKFLOW, w)])? else {
+        return Ok(None);
+    };
+    let current = fence
+        .as_ref()
+        .and_then(|row| claims.int8(row, claim::C_TOKEN));
+    let Some(fence) = fence.filter(|_| current == Some(token)) else {
+        // stale: nothing written (the caller raises)
+        return Ok(Some((current, false)));
+    };
+    // None of what follows should fall to the statement after the checks
+    // above; if one did, the statement would find the parts done here done
+    // (the step there, the claim released) and do the rest.
+    if let (Some(table), Some(u)) = (&checkpoints, &record)
+        && table.insert_unless_there(u)?.is_none()
+    {
+        return Ok(None);
+    }
+    if claims
+        .timestamptz(&fence, claim::C_HELD_UNTIL)
+        .is_some_and(|held| held > now)
+        && claims
+            .update(
+                &fence,
+                &[(
+                    claim::C_HELD_UNTIL,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(now)),
+                )],
+            )?
+            .is_none()
+    {
+        return Ok(None);
+    }
+    drop(fence);
+    Ok(rows
+        .delete_if(
+            &[(queue::Q_QUEUE, q), (queue::Q_WORKFLOW, w)],
+            queue::Q_LEASED_UNTIL,
+            receipt.into(),
+        )?
+        .map(|removed| (current, removed)))
 }
 
 /// Returns its rows through the call.
@@ -1007,6 +1124,65 @@ mod tests {
             .unwrap(),
             Some(true)
         );
+    }
+
+    /// `finish` without a status through `access` (no statement): the fence,
+    /// the step kept where it is there, the release and the done; and its
+    /// statement where a table asks for more (a trigger), with the same end.
+    #[pg_test]
+    fn finish_without_a_status_goes_without_a_statement_and_with_one_where_a_trigger_must_fire() {
+        let served = crate::access::served;
+        Spi::run(
+            "SELECT sturdy.schedule(w, now() - interval '1 second', 'fq') FROM unnest(array['f1', 'f2', 'f3']) w;
+             CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('fq', max => 3, claim => true);
+             SELECT sturdy.record('f1', 'final', '\"first\"', (SELECT token FROM t WHERE workflow = 'f1'));",
+        )
+        .unwrap();
+        let finish = |w: &str| {
+            format!(
+                "SELECT sturdy.finish(workflow, token, receipt, 'final', '\"second\"', queue => 'fq')
+                   FROM t WHERE workflow = '{w}'"
+            )
+        };
+        let state = |w: &str| {
+            text(&format!(
+                "SELECT concat_ws(' ', (SELECT value::text FROM sturdy.checkpoints WHERE workflow = '{w}' AND step = 'final'),
+                                       (SELECT held_until <= now() FROM sturdy.claims WHERE workflow = '{w}'),
+                                       (SELECT count(*) FROM sturdy.queue WHERE queue = 'fq' AND workflow = '{w}'))"
+            ))
+        };
+        let before = served();
+        assert_eq!(Spi::get_one::<bool>(&finish("f1")).unwrap(), Some(true));
+        assert_eq!(
+            served(),
+            before + 4,
+            "lock, record, release, done: no statement"
+        );
+        assert_eq!(
+            state("f1").as_deref(),
+            Some("\"first\" t 0"),
+            "the step recorded before is kept, the claim released, the row gone"
+        );
+        Spi::run(
+            "CREATE TEMP TABLE noted (workflow text);
+             CREATE FUNCTION pg_temp.note_step() RETURNS trigger LANGUAGE plpgsql AS
+               $f$BEGIN INSERT INTO noted VALUES (NEW.workflow); RETURN NEW; END$f$;
+             CREATE TRIGGER noted AFTER INSERT ON sturdy.checkpoints
+               FOR EACH ROW EXECUTE FUNCTION pg_temp.note_step();",
+        )
+        .unwrap();
+        let before = served();
+        assert_eq!(Spi::get_one::<bool>(&finish("f2")).unwrap(), Some(true));
+        assert_eq!(served(), before, "through the statement");
+        assert_eq!(
+            text("SELECT string_agg(workflow, ',') FROM noted").as_deref(),
+            Some("f2")
+        );
+        assert_eq!(state("f2").as_deref(), Some("\"second\" t 0"));
+        Spi::run("DROP TRIGGER noted ON sturdy.checkpoints").unwrap();
+        assert_eq!(Spi::get_one::<bool>(&finish("f3")).unwrap(), Some(true));
+        assert_eq!(served(), before + 4, "without it again");
+        assert_eq!(state("f3").as_deref(), Some("\"second\" t 0"));
     }
 
     /// The shapes of `finish` without a status (each its own statement): the
