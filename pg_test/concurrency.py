@@ -344,8 +344,51 @@ def test_a_busy_queue_schedules_without_looking_for_marks():
         assert looks(producer) == before, "a settled schedule looked for a mark"
         watcher.execute("DELETE FROM sturdy.queue WHERE queue = 'settle'")
         go_idle(listener, "settle")
+        # past the quarter second a backend's read of the epoch serves its
+        # schedules (the promise is a second)
+        time.sleep(0.3)
         producer.execute("SELECT sturdy.schedule('settle-after', now(), 'settle')")
         assert wait_notifies(listener, 2.0) == [("sturdy", "settle")], "the epoch moved: the mark is found"
+
+
+def test_a_worker_going_idle_under_a_steady_producer_is_woken_within_the_second():
+    """A producer schedules into a queue every few milliseconds, each call
+    its own transaction, so its backend's read of the idle epoch stays fresh
+    and its schedules stop looking for marks; a worker that then goes idle is
+    still notified within the promise: by a schedule starting at most a
+    second after its empty take committed."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'steady'")
+        c.execute("DELETE FROM sturdy.queue_waiters WHERE queue = 'steady'")
+    stop = threading.Event()
+
+    def produce():
+        with connect() as c:
+            i = 0
+            while not stop.is_set():
+                c.execute("SELECT sturdy.schedule(%s, now(), 'steady')", (f"steady-{i % 50}",))
+                i += 1
+                time.sleep(0.005)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        time.sleep(1.5)  # the producer's backend has settled: no more looks
+        with connect() as listener, connect() as cleaner:
+            cleaner.execute("DELETE FROM sturdy.queue WHERE queue = 'steady'")
+            listener.execute("LISTEN sturdy")
+            while listener.execute("SELECT count(*) FROM sturdy.take('steady')").fetchone() != (0,):
+                cleaner.execute("DELETE FROM sturdy.queue WHERE queue = 'steady'")
+            idle = time.monotonic()
+            got = [(n.channel, n.payload) for n in listener.notifies(timeout=1.5, stop_after=1)]
+            woke = time.monotonic() - idle
+    finally:
+        stop.set()
+        producer.join()
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'steady'")
+    assert ("sturdy", "steady") in got, got
+    print(f"     woken {woke:.2f} s after going idle")
 
 
 def test_an_idle_listening_worker_wakes_at_once_and_takes():

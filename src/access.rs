@@ -273,6 +273,25 @@ pub struct Upsert<'a> {
     pub set: &'a [(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
     /// Columns the insert leaves to their defaults, which must be these.
     pub fill: &'a [(Col, Fill)],
+    /// The update's condition (`DO UPDATE ... WHERE`): this `timestamptz`
+    /// column of the row there at or before the value; unmet, the row is
+    /// kept as it is (locked). `None`: always.
+    pub only_if: Option<(Col, pg_sys::TimestampTz)>,
+    /// A `bigint` column the update sets to the row's own plus one (`col =
+    /// col + 1`), not to its value in `set` (which the insert gives it).
+    pub increment: Option<Col>,
+}
+
+/// What [`Opened::upsert`] did.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Upserted {
+    /// No row had the key: the new one went in.
+    Inserted,
+    /// The row there was updated; `increment`'s column now holds this.
+    Updated(Option<i64>),
+    /// The row there was kept as it was (`only_if` unmet; or by
+    /// [`Opened::insert_unless_there`]).
+    Kept,
 }
 
 /// A row [`Opened::lock`] locked, as it stands.
@@ -463,7 +482,7 @@ impl Table {
     }
 
     /// [`Opened::upsert`], the table opened for it.
-    pub fn upsert(&'static self, u: &Upsert) -> Result<Option<bool>> {
+    pub fn upsert(&'static self, u: &Upsert) -> Result<Option<Upserted>> {
         match self.opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) {
             Some(table) => table.upsert(u),
             None => Ok(None),
@@ -966,7 +985,7 @@ impl Opened {
     /// row is inserted speculatively: the primary key's entry is checked
     /// without raising, and where another transaction's entry for the key
     /// came first, our row is taken back and the look made again.
-    pub fn upsert(&self, u: &Upsert) -> Result<Option<bool>> {
+    pub fn upsert(&self, u: &Upsert) -> Result<Option<Upserted>> {
         self.insert(u, true)
     }
 
@@ -977,7 +996,9 @@ impl Opened {
     /// cannot see fails with `40001`. Whether a row was inserted; `None`
     /// when it cannot be done here.
     pub fn insert_unless_there(&self, u: &Upsert) -> Result<Option<bool>> {
-        self.insert(u, false)
+        Ok(self
+            .insert(u, false)?
+            .map(|done| done == Upserted::Inserted))
     }
 
     /// Whether [`Opened::upsert`] (`update`) or
@@ -989,7 +1010,7 @@ impl Opened {
     }
 
     /// [`Opened::upsert`] where `update`, else [`Opened::insert_unless_there`].
-    fn insert(&self, u: &Upsert, update: bool) -> Result<Option<bool>> {
+    fn insert(&self, u: &Upsert, update: bool) -> Result<Option<Upserted>> {
         // SAFETY: as in `delete_if`; the row is formed with the table's own
         // descriptor, from values of its columns' types; the speculative
         // insertion lock is released on every path once taken (an error
@@ -1044,7 +1065,7 @@ impl Opened {
                     pg_sys::table_tuple_complete_speculative(rel.0, new, token, first);
                     pg_sys::SpeculativeInsertionLockRelease(xid);
                     if first {
-                        break Ok(true);
+                        break Ok(Upserted::Inserted);
                     }
                     // another transaction's row came first: look again
                     continue;
@@ -1068,7 +1089,7 @@ impl Opened {
                             break Err(serialization("update"));
                         }
                     }
-                    break Ok(false);
+                    break Ok(Upserted::Kept);
                 }
                 let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
                 let result = pg_sys::table_tuple_lock(
@@ -1099,7 +1120,13 @@ impl Opened {
                 if repeatable() && !visible_to(rel.0, existing, snapshot) {
                     break Err(serialization("update"));
                 }
+                if let Some((col, at)) = u.only_if
+                    && timestamptz(existing, shape.attnums[col.0]).is_none_or(|v| v > at)
+                {
+                    break Ok(Upserted::Kept);
+                }
                 pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
+                let mut incremented = None;
                 let written = rewrite(
                     rel.0,
                     shape,
@@ -1114,12 +1141,23 @@ impl Opened {
                             values[i] = value.unwrap_or(pg_sys::Datum::from(0));
                             nulls[i] = value.is_none();
                         }
+                        if let Some(col) = u.increment {
+                            let i = shape.attnums[col.0] as usize - 1;
+                            let Some(next) = (!nulls[i])
+                                .then(|| values[i].value() as i64)
+                                .and_then(|n| n.checked_add(1))
+                            else {
+                                return Err(out_of_range("bigint"));
+                            };
+                            (values[i], nulls[i]) = (pg_sys::Datum::from(next), false);
+                            incremented = Some(next);
+                        }
                         Ok(())
                     },
                 );
                 break written.map(|version| {
                     pg_sys::ExecDropSingleTupleTableSlot(version);
-                    false
+                    Upserted::Updated(incremented)
                 });
             };
             pg_sys::ExecDropSingleTupleTableSlot(existing);
@@ -1164,6 +1202,11 @@ impl Row {
                 .indexes
                 .iter()
                 .any(|index| index.unique && index.oid != shape.pkey)
+            || u.only_if
+                .is_some_and(|(col, _)| !typed(col, pg_sys::TIMESTAMPTZOID))
+            || u.increment.is_some_and(|col| {
+                !typed(col, pg_sys::INT8OID) || !u.set.iter().any(|&(c, ..)| c.0 == col.0)
+            })
         {
             return None;
         }
@@ -1313,12 +1356,7 @@ unsafe fn lease(
                     .then(|| values[at(takes)].value() as i32)
                     .and_then(|n| n.checked_add(1))
                 else {
-                    return Err(Error::Raised {
-                        code: *b"22003",
-                        message: "integer out of range".into(),
-                        detail: None,
-                        hint: None,
-                    });
+                    return Err(out_of_range("integer"));
                 };
                 values[at(leased_until)] = pg_sys::Datum::from(until);
                 nulls[at(leased_until)] = false;
@@ -1752,6 +1790,16 @@ unsafe fn default_of(adbin: *const std::ffi::c_char) -> Stored {
             }
         }
         Stored::Other
+    }
+}
+
+/// The error of `+ 1` past the largest value of `type_`, as Postgres says it.
+fn out_of_range(type_: &str) -> Error {
+    Error::Raised {
+        code: *b"22003",
+        message: format!("{type_} out of range"),
+        detail: None,
+        hint: None,
     }
 }
 

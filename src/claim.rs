@@ -13,7 +13,7 @@
 
 use pg_sturdy_macros::sql_function;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
-use pgrx::pg_sys;
+use pgrx::{IntoDatum, pg_sys};
 
 use crate::access;
 use crate::args::{self, Name};
@@ -21,21 +21,29 @@ use crate::datum::Text;
 use crate::error::{Error, Result};
 use crate::plan::{Statement, first_value, null, run_one};
 
-/// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
-/// free" test: a live lease fails it, nothing is written and no row returns.
-/// Two first claims race on the primary key; the loser waits, then takes the
-/// `DO UPDATE` arm and finds the lease live.
 /// The claims table, for writes without a statement (see `access`): its
 /// columns by position.
 pub(crate) static CLAIMS: access::Table = access::Table::new(
     c"sturdy",
     c"claims",
-    &[c"workflow", c"token", c"held_until"],
+    &[
+        c"workflow",
+        c"token",
+        c"held_until",
+        c"owner",
+        c"claimed_at",
+    ],
 );
 pub(crate) const C_WORKFLOW: access::Col = access::Col(0);
 pub(crate) const C_TOKEN: access::Col = access::Col(1);
 pub(crate) const C_HELD_UNTIL: access::Col = access::Col(2);
+const C_OWNER: access::Col = access::Col(3);
+const C_CLAIMED_AT: access::Col = access::Col(4);
 
+/// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
+/// free" test: a live lease fails it, nothing is written and no row returns.
+/// Two first claims race on the primary key; the loser waits, then takes the
+/// `DO UPDATE` arm and finds the lease live.
 static CLAIM: Statement = Statement {
     sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
           VALUES ($1, 1, pg_catalog.now() OPERATOR(pg_catalog.+) $2, $3, pg_catalog.now())
@@ -122,6 +130,9 @@ pub fn fence_current(workflow: Name, token: i64) -> Result<()> {
 /// claim of the row it leased (the lease and the claim end together, both
 /// `now() + lease`).
 pub fn claim_for(workflow: Name, lease: Interval) -> Result<Option<i64>> {
+    if let Some(token) = claim_here(workflow, lease, None)? {
+        return Ok(token);
+    }
     run_one(
         &CLAIM,
         &[workflow.into(), lease.into(), null::<Text>()],
@@ -142,8 +153,55 @@ fn claim(
     let workflow = args::name("workflow", workflow)?;
     let lease = args::lease("lease", lease)?;
     let owner = args::optional_name("owner", owner)?;
+    if let Some(token) = claim_here(workflow, lease, owner)? {
+        return Ok(token);
+    }
     let owner = owner.map_or_else(null::<Text>, Into::into);
     run_one(&CLAIM, &[workflow.into(), lease.into(), owner], first_value)
+}
+
+/// [`CLAIM`]'s upsert without the statement, where `access` can do it as the
+/// statement would: the new token, or `None` where the lease is live (the
+/// row kept, and locked, as `DO UPDATE ... WHERE` leaves it). `None` outside:
+/// nothing done, the statement's turn.
+fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Option<Option<i64>>> {
+    let Some(w) = workflow.into_datum() else {
+        return Ok(None);
+    };
+    // as the statement computes them: `now()` and `now() + lease`
+    let now = pgrx::datum::now();
+    let until = pg_sys::TimestampTz::from(now + lease);
+    let now = pg_sys::TimestampTz::from(now);
+    let set = [
+        (C_TOKEN, pg_sys::INT8OID, Some(pg_sys::Datum::from(1_i64))),
+        (
+            C_HELD_UNTIL,
+            pg_sys::TIMESTAMPTZOID,
+            Some(pg_sys::Datum::from(until)),
+        ),
+        (
+            C_OWNER,
+            pg_sys::TEXTOID,
+            owner.and_then(IntoDatum::into_datum),
+        ),
+        (
+            C_CLAIMED_AT,
+            pg_sys::TIMESTAMPTZOID,
+            Some(pg_sys::Datum::from(now)),
+        ),
+    ];
+    let upserted = CLAIMS.upsert(&access::Upsert {
+        key: &[(C_WORKFLOW, w)],
+        set: &set,
+        fill: &[],
+        only_if: Some((C_HELD_UNTIL, now)),
+        increment: Some(C_TOKEN),
+    })?;
+    Ok(upserted.map(|done| match done {
+        access::Upserted::Inserted => Some(1),
+        access::Upserted::Updated(token) => token,
+        access::Upserted::Kept => None,
+    }))
 }
 
 #[sql_function(

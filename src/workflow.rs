@@ -687,6 +687,8 @@ fn finish_here(
                 key: &key,
                 set: &set,
                 fill: &[],
+                only_if: None,
+                increment: None,
             })
         }
         None => None,
