@@ -1136,11 +1136,7 @@ impl Opened {
                     snapshot,
                     &set,
                     |values, nulls| {
-                        for (col, _, value) in u.set {
-                            let i = shape.attnums[col.0] as usize - 1;
-                            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
-                            nulls[i] = value.is_none();
-                        }
+                        // the row's own value, before `set` is written over it
                         if let Some(col) = u.increment {
                             let i = shape.attnums[col.0] as usize - 1;
                             let Some(next) = (!nulls[i])
@@ -1149,15 +1145,22 @@ impl Opened {
                             else {
                                 return Err(out_of_range("bigint"));
                             };
+                            incremented = Some((i, next));
+                        }
+                        for (col, _, value) in u.set {
+                            let i = shape.attnums[col.0] as usize - 1;
+                            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+                            nulls[i] = value.is_none();
+                        }
+                        if let Some((i, next)) = incremented {
                             (values[i], nulls[i]) = (pg_sys::Datum::from(next), false);
-                            incremented = Some(next);
                         }
                         Ok(())
                     },
                 );
                 break written.map(|version| {
                     pg_sys::ExecDropSingleTupleTableSlot(version);
-                    Upserted::Updated(incremented)
+                    Upserted::Updated(incremented.map(|(_, next)| next))
                 });
             };
             pg_sys::ExecDropSingleTupleTableSlot(existing);

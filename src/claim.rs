@@ -276,6 +276,73 @@ mod tests {
         assert_eq!(owner.as_deref(), Some("b"));
     }
 
+    /// `claim` through `access` (no statement) and through its statement
+    /// where the table asks for more (a trigger): the same tokens, the same
+    /// rows, the same refusals; and the same error at the last token.
+    #[pg_test]
+    fn claim_upserts_without_a_statement_and_with_one_where_a_trigger_must_fire() {
+        let served = crate::access::served;
+        let row = |w: &str| {
+            Spi::get_one::<String>(&format!(
+                "SELECT concat_ws(' ', token, held_until - now(), owner, claimed_at = now())
+                   FROM sturdy.claims WHERE workflow = '{w}'"
+            ))
+            .unwrap()
+        };
+        let lapse = |w: &str| {
+            Spi::run(&format!(
+                "UPDATE sturdy.claims SET held_until = now() - interval '1 second' WHERE workflow = '{w}'"
+            ))
+            .unwrap()
+        };
+        for through_statement in [false, true] {
+            let w = if through_statement { "ct" } else { "ca" };
+            let before = served();
+            assert_eq!(
+                one_i64(&format!("SELECT sturdy.claim('{w}', '2 minutes', 'x')")),
+                Some(1)
+            );
+            assert_eq!(row(w).as_deref(), Some("1 00:02:00 x t"), "{w}");
+            assert_eq!(
+                one_i64(&format!("SELECT sturdy.claim('{w}')")),
+                None,
+                "held"
+            );
+            assert_eq!(row(w).as_deref(), Some("1 00:02:00 x t"), "kept as it was");
+            lapse(w);
+            assert_eq!(one_i64(&format!("SELECT sturdy.claim('{w}')")), Some(2));
+            assert_eq!(
+                row(w).as_deref(),
+                Some("2 00:01:00 t"),
+                "owner gone, lease anew"
+            );
+            Spi::run(&format!(
+                "UPDATE sturdy.claims SET token = 9223372036854775807 WHERE workflow = '{w}'"
+            ))
+            .unwrap();
+            lapse(w);
+            assert_eq!(
+                sqlstate_of(&format!("SELECT sturdy.claim('{w}')")),
+                "22003",
+                "no token after the last"
+            );
+            assert_eq!(
+                served() == before,
+                through_statement,
+                "{w}: served here only without the trigger"
+            );
+            if !through_statement {
+                Spi::run(
+                    "CREATE FUNCTION pg_temp.noop() RETURNS trigger LANGUAGE plpgsql AS
+                       $f$BEGIN RETURN NEW; END$f$;
+                     CREATE TRIGGER noop BEFORE INSERT OR UPDATE ON sturdy.claims
+                       FOR EACH ROW EXECUTE FUNCTION pg_temp.noop();",
+                )
+                .unwrap();
+            }
+        }
+    }
+
     #[pg_test]
     fn release_keeps_the_token_and_frees_the_workflow() {
         assert_eq!(one_i64("SELECT sturdy.claim('w3')"), Some(1));
