@@ -30,15 +30,6 @@ use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
 use crate::subxact;
 
-/// The fenced first-writer-wins write. No row back means the fence refused
-/// (no claim, or another token). The claim row is read `FOR UPDATE`: a
-/// takeover in flight makes the write wait, and once it commits PostgreSQL
-/// re-checks `token = $4` on the new row version, so the stale write finds no
-/// row and never lands. (The seed locks in a CTE and compares outside it; same
-/// outcome, but the CTE is materialized on every call: ~5% of the statement.)
-/// `DO UPDATE SET value = cp.value` changes nothing but returns the stored
-/// row, so a loser learns the winner's value in the same statement; `xmax = 0`
-/// tells a fresh insert from that no-op update.
 /// The checkpoints table, for writes without a statement (see `access`):
 /// its columns by position.
 pub(crate) static CHECKPOINTS: access::Table = access::Table::new(
@@ -52,6 +43,15 @@ pub(crate) const CP_VALUE: access::Col = access::Col(2);
 pub(crate) const CP_TOKEN: access::Col = access::Col(3);
 pub(crate) const CP_RECORDED_AT: access::Col = access::Col(4);
 
+/// The fenced first-writer-wins write. No row back means the fence refused
+/// (no claim, or another token). The claim row is read `FOR UPDATE`: a
+/// takeover in flight makes the write wait, and once it commits PostgreSQL
+/// re-checks `token = $4` on the new row version, so the stale write finds no
+/// row and never lands. (The seed locks in a CTE and compares outside it; same
+/// outcome, but the CTE is materialized on every call: ~5% of the statement.)
+/// `DO UPDATE SET value = cp.value` changes nothing but returns the stored
+/// row, so a loser learns the winner's value in the same statement; `xmax = 0`
+/// tells a fresh insert from that no-op update.
 static RECORD: Statement = Statement {
     sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
           SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
