@@ -1,8 +1,11 @@
-//! The queue's hottest row operations done through the table and index
-//! access methods, without a statement: `done`'s delete by primary key
-//! ([`Table::delete_if`]), a one-row `take`'s lease ([`Table::lease_first`])
-//! and `schedule`'s upsert ([`Table::upsert`], `INSERT ... ON CONFLICT DO
-//! UPDATE` by the executor's protocol).
+//! The hottest row operations done through the table and index access
+//! methods, without a statement: `done`'s delete by primary key
+//! ([`Opened::delete_if`]), a one-row `take`'s lease ([`Opened::lease_first`]),
+//! the upserts of `schedule` and `claim` ([`Opened::upsert`], `INSERT ... ON
+//! CONFLICT DO UPDATE` by the executor's protocol), and the parts of a
+//! `finish` without a status: the claim row locked as `FOR UPDATE` locks it
+//! ([`Opened::lock`], [`Opened::update`]), the step inserted as `ON CONFLICT
+//! DO NOTHING` inserts it ([`Opened::insert_unless_there`]).
 //!
 //! A statement run through SPI pays, on every call, for the plan cache's
 //! checks, an executor started and shut down around its plan and SPI's own
@@ -34,7 +37,8 @@
 //! delete) or skipped (the lease, as `SKIP LOCKED`); one updated and
 //! committed since the snapshot is followed to its newest version and
 //! rechecked, read committed, as EvalPlanQual would, and under repeatable read
-//! or serializable fails with `40001`. Predicate locks, WAL, statistics and a
+//! or serializable fails with `40001`; an insert waits for a transaction
+//! inserting the same key and then updates (or keeps) the row it committed. Predicate locks, WAL, statistics and a
 //! publication's replica identity are the access methods' own work, or checked
 //! as the executor checks them.
 
@@ -237,7 +241,7 @@ pub struct Leased {
     pub place: (pg_sys::TimestampTz, i64),
 }
 
-/// The columns [`Table::lease_first`] works on.
+/// The columns [`Opened::lease_first`] works on.
 pub struct LeaseColumns {
     /// The index it scans: (queue, visible_at, seq).
     pub queue: Col,
@@ -263,7 +267,7 @@ pub enum Fill {
     Next(&'static Sequence),
 }
 
-/// What [`Table::upsert`] writes: the row an `INSERT ... ON CONFLICT (key)
+/// What [`Opened::upsert`] writes: the row an `INSERT ... ON CONFLICT (key)
 /// DO UPDATE` of these columns would.
 pub struct Upsert<'a> {
     /// The primary key's `text` columns, in its order, and their values.
@@ -271,6 +275,8 @@ pub struct Upsert<'a> {
     /// Columns the insert writes and the update writes over a row already
     /// there, with their types and values (`None`: NULL).
     pub set: &'a [(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
+    /// Columns the insert writes and the update leaves as they are.
+    pub insert_only: &'a [(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
     /// Columns the insert leaves to their defaults, which must be these.
     pub fill: &'a [(Col, Fill)],
     /// The update's condition (`DO UPDATE ... WHERE`): this `timestamptz`
@@ -289,8 +295,8 @@ pub enum Upserted {
     Inserted,
     /// The row there was updated; `increment`'s column now holds this.
     Updated(Option<i64>),
-    /// The row there was kept as it was (`only_if` unmet; or by
-    /// [`Opened::insert_unless_there`]).
+    /// The row there was kept as it was, locked (`only_if` unmet, or
+    /// nothing to update); or, by [`Opened::insert_unless_there`], unlocked.
     Kept,
 }
 
@@ -986,7 +992,17 @@ impl Opened {
     /// without raising, and where another transaction's entry for the key
     /// came first, our row is taken back and the look made again.
     pub fn upsert(&self, u: &Upsert) -> Result<Option<Upserted>> {
-        self.insert(u, true)
+        Ok(self.insert(u, true, None)?.map(|(done, _)| done))
+    }
+
+    /// [`Opened::upsert`], also handing back a copy of the varlena column
+    /// `read` of a row there that was kept (`None` otherwise, or NULL).
+    pub fn upsert_reading(
+        &self,
+        u: &Upsert,
+        read: Col,
+    ) -> Result<Option<(Upserted, Option<pg_sys::Datum>)>> {
+        self.insert(u, true, Some(read))
     }
 
     /// Insert the row `u` describes unless one with its key is there
@@ -997,8 +1013,8 @@ impl Opened {
     /// when it cannot be done here.
     pub fn insert_unless_there(&self, u: &Upsert) -> Result<Option<bool>> {
         Ok(self
-            .insert(u, false)?
-            .map(|done| done == Upserted::Inserted))
+            .insert(u, false, None)?
+            .map(|(done, _)| done == Upserted::Inserted))
     }
 
     /// Whether [`Opened::upsert`] (`update`) or
@@ -1010,7 +1026,12 @@ impl Opened {
     }
 
     /// [`Opened::upsert`] where `update`, else [`Opened::insert_unless_there`].
-    fn insert(&self, u: &Upsert, update: bool) -> Result<Option<Upserted>> {
+    fn insert(
+        &self,
+        u: &Upsert,
+        update: bool,
+        read: Option<Col>,
+    ) -> Result<Option<(Upserted, Option<pg_sys::Datum>)>> {
         // SAFETY: as in `delete_if`; the row is formed with the table's own
         // descriptor, from values of its columns' types; the speculative
         // insertion lock is released on every path once taken (an error
@@ -1021,6 +1042,24 @@ impl Opened {
         let (rel, shape) = (&self.rel, &self.shape);
         let Some(mut row) = Row::insertable(shape, u) else {
             return Ok(None);
+        };
+        if read.is_some_and(|col| !matches!(shape.types[col.0], pg_sys::JSONBOID | pg_sys::TEXTOID))
+        {
+            return Ok(None);
+        }
+        // a copy of `read` in the row kept, which outlives its buffer
+        let keep = |slot: *mut pg_sys::TupleTableSlot| {
+            read.and_then(|col| {
+                let mut null = false;
+                // SAFETY: the slot holds the row locked; the column is a
+                // varlena (checked above), copied detoasted.
+                unsafe {
+                    let v = pg_sys::slot_getattr(slot, shape.attnums[col.0].into(), &mut null);
+                    (!null).then(|| {
+                        pg_sys::Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr()))
+                    })
+                }
+            })
         };
         unsafe {
             // (for the look and for the insert's entry)
@@ -1065,7 +1104,7 @@ impl Opened {
                     pg_sys::table_tuple_complete_speculative(rel.0, new, token, first);
                     pg_sys::SpeculativeInsertionLockRelease(xid);
                     if first {
-                        break Ok(Upserted::Inserted);
+                        break Ok((Upserted::Inserted, None));
                     }
                     // another transaction's row came first: look again
                     continue;
@@ -1089,7 +1128,7 @@ impl Opened {
                             break Err(serialization("update"));
                         }
                     }
-                    break Ok(Upserted::Kept);
+                    break Ok((Upserted::Kept, None));
                 }
                 let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
                 let result = pg_sys::table_tuple_lock(
@@ -1120,10 +1159,14 @@ impl Opened {
                 if repeatable() && !visible_to(rel.0, existing, snapshot) {
                     break Err(serialization("update"));
                 }
-                if let Some((col, at)) = u.only_if
-                    && timestamptz(existing, shape.attnums[col.0]).is_none_or(|v| v > at)
+                // `WHERE` unmet, or an update that would change nothing (no
+                // `set`, no increment: the row kept as it is, locked, rather
+                // than rewritten unchanged)
+                if u.only_if.is_some_and(|(col, at)| {
+                    timestamptz(existing, shape.attnums[col.0]).is_none_or(|v| v > at)
+                }) || (u.set.is_empty() && u.increment.is_none())
                 {
-                    break Ok(Upserted::Kept);
+                    break Ok((Upserted::Kept, keep(existing)));
                 }
                 pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
                 let mut incremented = None;
@@ -1160,7 +1203,7 @@ impl Opened {
                 );
                 break written.map(|version| {
                     pg_sys::ExecDropSingleTupleTableSlot(version);
-                    Upserted::Updated(incremented.map(|(_, next)| next))
+                    (Upserted::Updated(incremented.map(|(_, next)| next)), None)
                 });
             };
             pg_sys::ExecDropSingleTupleTableSlot(existing);
@@ -1176,7 +1219,7 @@ impl Opened {
     }
 }
 
-/// The row [`Table::upsert`] inserts, by attribute number less one.
+/// The row [`Opened::upsert`] inserts, by attribute number less one.
 struct Row {
     values: Vec<pg_sys::Datum>,
     nulls: Vec<bool>,
@@ -1199,7 +1242,11 @@ impl Row {
         if cols.len() > MAX_KEYS
             || shape.index_on(&cols) != Some(shape.pkey)
             || !u.key.iter().all(|&(col, _)| typed(col, pg_sys::TEXTOID))
-            || !u.set.iter().all(|&(col, oid, _)| typed(col, oid))
+            || !u
+                .set
+                .iter()
+                .chain(u.insert_only)
+                .all(|&(col, oid, _)| typed(col, oid))
             || shape.checks
             || shape
                 .indexes
@@ -1219,7 +1266,7 @@ impl Row {
         for &(col, value) in u.key {
             (values[at(col)], nulls[at(col)], given[at(col)]) = (value, false, true);
         }
-        for &(col, _, value) in u.set {
+        for &(col, _, value) in u.set.iter().chain(u.insert_only) {
             let i = at(col);
             values[i] = value.unwrap_or(pg_sys::Datum::from(0));
             (nulls[i], given[i]) = (value.is_none(), true);

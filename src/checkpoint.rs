@@ -19,7 +19,7 @@
 //! reaches the caller with its own SQLSTATE.
 
 use pg_sturdy_macros::sql_function;
-use pgrx::pg_sys;
+use pgrx::{IntoDatum, pg_sys};
 
 use crate::access;
 use crate::args::{self, Name};
@@ -159,6 +159,10 @@ fn record(
     let step = args::name("step", step)?;
     let value = args::required("value", value)?;
     let token = args::required("token", token)?;
+    if let Some((recorded, first)) = record_here(workflow, step, value, token)? {
+        plan::begin_result(call);
+        return plan::append_row(call, &[Some(recorded), first.into_datum()]);
+    }
     let rows = plan::run_as_set(
         call,
         &RECORD,
@@ -168,6 +172,69 @@ fn record(
         return Err(claim::fenced(workflow, token));
     }
     Ok(())
+}
+
+/// [`RECORD`] without the statement, where `access` can do both its parts
+/// as the statement does them: the claim row locked as `FOR UPDATE` locks it
+/// (the fence: `SD001` unless the token is the current one), then the step
+/// inserted, or the row there locked and kept (the statement's `DO UPDATE
+/// SET value = cp.value` wrote it again unchanged). The value stored and
+/// whether this call stored it; `None` with nothing written, the statement's
+/// turn.
+fn record_here(
+    workflow: Name,
+    step: Name,
+    value: Jsonb,
+    token: i64,
+) -> Result<Option<(pg_sys::Datum, bool)>> {
+    let (Some(w), Some(s), Some(v)) =
+        (workflow.into_datum(), step.into_datum(), value.into_datum())
+    else {
+        return Ok(None);
+    };
+    let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
+    let key = [(CP_WORKFLOW, w), (CP_STEP, s)];
+    let insert_only = [
+        (CP_VALUE, pg_sys::JSONBOID, Some(v)),
+        (CP_TOKEN, pg_sys::INT8OID, token.into_datum()),
+        (
+            CP_RECORDED_AT,
+            pg_sys::TIMESTAMPTZOID,
+            Some(pg_sys::Datum::from(clock)),
+        ),
+    ];
+    let u = access::Upsert {
+        key: &key,
+        set: &[],
+        insert_only: &insert_only,
+        fill: &[],
+        only_if: None,
+        increment: None,
+    };
+    // both tables checked before anything is locked or written
+    let Some(claims) = claim::CLAIMS.opened(&[pg_sys::ACL_UPDATE]) else {
+        return Ok(None);
+    };
+    let Some(checkpoints) = CHECKPOINTS.opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) else {
+        return Ok(None);
+    };
+    if !claims.can_lock(&[claim::C_WORKFLOW]) || !checkpoints.can_insert(&u, true) {
+        return Ok(None);
+    }
+    let Some(fence) = claims.lock(&[(claim::C_WORKFLOW, w)])? else {
+        return Ok(None);
+    };
+    let current = fence
+        .as_ref()
+        .and_then(|row| claims.int8(row, claim::C_TOKEN));
+    claim::check_token(workflow, token, current)?;
+    // (should it fall to the statement now, that finds the claim row held
+    // by us and does the rest)
+    Ok(match checkpoints.upsert_reading(&u, CP_VALUE)? {
+        Some((access::Upserted::Inserted, _)) => Some((v, true)),
+        Some((access::Upserted::Kept, Some(stored))) => Some((stored, false)),
+        _ => None,
+    })
 }
 
 #[sql_function(
@@ -267,6 +334,68 @@ mod tests {
 
     fn text(sql: &str) -> Option<String> {
         Spi::get_one::<String>(sql).unwrap()
+    }
+
+    /// `record` through `access` (no statement) and through its statement
+    /// where a table asks for more (a trigger): the same answers, the same
+    /// rows, the same refusals, a large value kept whole.
+    #[pg_test]
+    fn record_writes_without_a_statement_and_with_one_where_a_trigger_must_fire() {
+        let served = crate::access::served;
+        let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(20_000));
+        for through_statement in [false, true] {
+            let w = if through_statement { "rt" } else { "ra" };
+            Spi::run(&format!("SELECT sturdy.claim('{w}')")).unwrap();
+            let before = served();
+            let record = |step: &str, value: &str, token: i64| {
+                text(&format!(
+                    "SELECT format('%s %s', md5(recorded::text), first)
+                       FROM sturdy.record('{w}', '{step}', '{value}', {token})"
+                ))
+            };
+            let md5 = |value: &str| text(&format!("SELECT md5('{value}'::jsonb::text)")).unwrap();
+            assert_eq!(
+                record("s", "{\"a\": 1}", 1),
+                Some(format!("{} t", md5("{\"a\": 1}")))
+            );
+            assert_eq!(
+                record("s", "{\"a\": 2}", 1),
+                Some(format!("{} f", md5("{\"a\": 1}"))),
+                "{w}: the first value stays, and is handed back"
+            );
+            assert_eq!(record("big", &big, 1), Some(format!("{} t", md5(&big))));
+            assert_eq!(
+                record("big", "1", 1),
+                Some(format!("{} f", md5(&big))),
+                "{w}: a stored value that was toasted comes back whole"
+            );
+            assert_eq!(
+                sqlstate_of(&format!(
+                    "SELECT * FROM sturdy.record('{w}', 'late', '1', 2)"
+                )),
+                "SD001",
+                "{w}: a stale token"
+            );
+            assert_eq!(
+                count(&format!("sturdy.checkpoints WHERE workflow = '{w}'")),
+                2,
+                "{w}: nothing written by the refused call"
+            );
+            assert_eq!(
+                served() == before,
+                through_statement,
+                "{w}: served here only without the trigger"
+            );
+            if !through_statement {
+                Spi::run(
+                    "CREATE FUNCTION pg_temp.noop() RETURNS trigger LANGUAGE plpgsql AS
+                       $f$BEGIN RETURN NEW; END$f$;
+                     CREATE TRIGGER noop BEFORE INSERT ON sturdy.checkpoints
+                       FOR EACH ROW EXECUTE FUNCTION pg_temp.noop();",
+                )
+                .unwrap();
+            }
+        }
     }
 
     #[pg_test]

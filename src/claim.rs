@@ -194,6 +194,7 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
         key: &[(C_WORKFLOW, w)],
         set: &set,
         fill: &[],
+        insert_only: &[],
         only_if: Some((C_HELD_UNTIL, now)),
         increment: Some(C_TOKEN),
     })?;

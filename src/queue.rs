@@ -538,6 +538,7 @@ pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Nam
                 (Q_TAKES, access::Fill::Int4(0)),
                 (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
             ],
+            insert_only: &[],
             only_if: None,
             increment: None,
         })?,

@@ -687,6 +687,7 @@ fn finish_here(
                 key: &key,
                 set: &set,
                 fill: &[],
+                insert_only: &[],
                 only_if: None,
                 increment: None,
             })
