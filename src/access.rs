@@ -456,41 +456,15 @@ impl Table {
         }
     }
 
-    /// [`Opened::delete_if`], the table opened for it.
-    pub fn delete_if(
+    /// `write` done on the table opened for writes that need `privileges`
+    /// (see [`Table::opened`]); `None` where it cannot be opened for them.
+    pub fn with<T>(
         &'static self,
-        key: &[(Col, pg_sys::Datum)],
-        check: Col,
-        equals: pg_sys::TimestampTz,
-    ) -> Result<Option<bool>> {
-        match self.opened(&[pg_sys::ACL_DELETE]) {
-            Some(table) => table.delete_if(key, check, equals),
-            None => Ok(None),
-        }
-    }
-
-    /// [`Opened::lease_first`], the table opened for it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn lease_first(
-        &'static self,
-        c: &LeaseColumns,
-        queue: pg_sys::Datum,
-        from: (pg_sys::TimestampTz, i64),
-        due: pg_sys::TimestampTz,
-        until: pg_sys::TimestampTz,
-        now: pg_sys::TimestampTz,
-        leased: impl FnOnce(Leased),
-    ) -> Result<Option<bool>> {
-        match self.opened(&[pg_sys::ACL_UPDATE]) {
-            Some(table) => table.lease_first(c, queue, from, due, until, now, leased),
-            None => Ok(None),
-        }
-    }
-
-    /// [`Opened::upsert`], the table opened for it.
-    pub fn upsert(&'static self, u: &Upsert) -> Result<Option<Upserted>> {
-        match self.opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) {
-            Some(table) => table.upsert(u),
+        privileges: &[u32],
+        write: impl FnOnce(&Opened) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        match self.opened(privileges) {
+            Some(table) => write(&table),
             None => Ok(None),
         }
     }
@@ -569,8 +543,7 @@ impl Opened {
                 } else {
                     pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8
                 };
-            let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-            let result = pg_sys::table_tuple_lock(
+            let (result, failure) = lock_version(
                 rel.0,
                 &mut tid,
                 snapshot,
@@ -579,7 +552,6 @@ impl Opened {
                 pg_sys::LockTupleMode::LockTupleExclusive,
                 pg_sys::LockWaitPolicy::LockWaitBlock,
                 flags,
-                &mut failure,
             );
             count_served();
             match result {
@@ -898,8 +870,7 @@ impl Opened {
                     continue;
                 }
                 let mut tid = (*found).tts_tid;
-                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-                let result = pg_sys::table_tuple_lock(
+                let (result, _) = lock_version(
                     rel.0,
                     &mut tid,
                     snapshot,
@@ -908,7 +879,6 @@ impl Opened {
                     pg_sys::LockTupleMode::LockTupleExclusive,
                     pg_sys::LockWaitPolicy::LockWaitSkip,
                     flags,
-                    &mut failure,
                 );
                 match result {
                     pg_sys::TM_Result::TM_Ok => {}
@@ -1130,8 +1100,7 @@ impl Opened {
                     }
                     break Ok((Upserted::Kept, None));
                 }
-                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-                let result = pg_sys::table_tuple_lock(
+                let (result, _) = lock_version(
                     rel.0,
                     &mut tid,
                     snapshot,
@@ -1140,7 +1109,6 @@ impl Opened {
                     pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
                     pg_sys::LockWaitPolicy::LockWaitBlock,
                     0,
-                    &mut failure,
                 );
                 match result {
                     pg_sys::TM_Result::TM_Ok => {}
@@ -1546,6 +1514,40 @@ unsafe fn index_entries(
             }
         }
         unique
+    }
+}
+
+/// `table_tuple_lock` of the row version at `tid` into `slot`: its result and
+/// what it says of a version it could not lock (or of the newer one it
+/// followed to).
+///
+/// # Safety
+/// `rel` is open, `slot` is one of its slots, `snapshot` is registered.
+#[allow(clippy::too_many_arguments)]
+unsafe fn lock_version(
+    rel: pg_sys::Relation,
+    tid: &mut pg_sys::ItemPointerData,
+    snapshot: pg_sys::Snapshot,
+    slot: *mut pg_sys::TupleTableSlot,
+    cid: pg_sys::CommandId,
+    mode: pg_sys::LockTupleMode::Type,
+    policy: pg_sys::LockWaitPolicy::Type,
+    flags: u8,
+) -> (pg_sys::TM_Result::Type, pg_sys::TM_FailureData) {
+    unsafe {
+        let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+        let result = pg_sys::table_tuple_lock(
+            rel,
+            tid,
+            snapshot,
+            slot,
+            cid,
+            mode,
+            policy,
+            flags,
+            &mut failure,
+        );
+        (result, failure)
     }
 }
 

@@ -221,12 +221,9 @@ fn record_here(
     if !claims.can_lock(&[claim::C_WORKFLOW]) || !checkpoints.can_insert(&u, true) {
         return Ok(None);
     }
-    let Some(fence) = claims.lock(&[(claim::C_WORKFLOW, w)])? else {
+    let Some((_fence, current)) = claim::lock_claim(&claims, w)? else {
         return Ok(None);
     };
-    let current = fence
-        .as_ref()
-        .and_then(|row| claims.int8(row, claim::C_TOKEN));
     claim::check_token(workflow, token, current)?;
     // (should it fall to the statement now, that finds the claim row held
     // by us and does the rest)
@@ -387,13 +384,7 @@ mod tests {
                 "{w}: served here only without the trigger"
             );
             if !through_statement {
-                Spi::run(
-                    "CREATE FUNCTION pg_temp.noop() RETURNS trigger LANGUAGE plpgsql AS
-                       $f$BEGIN RETURN NEW; END$f$;
-                     CREATE TRIGGER noop BEFORE INSERT ON sturdy.checkpoints
-                       FOR EACH ROW EXECUTE FUNCTION pg_temp.noop();",
-                )
-                .unwrap();
+                crate::testing::trigger_noop("sturdy.checkpoints", "INSERT");
             }
         }
     }

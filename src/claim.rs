@@ -40,6 +40,20 @@ pub(crate) const C_HELD_UNTIL: access::Col = access::Col(2);
 const C_OWNER: access::Col = access::Col(3);
 const C_CLAIMED_AT: access::Col = access::Col(4);
 
+/// The fence without a statement: the claim row of `workflow` (a `text`
+/// datum) locked as `SELECT ... FOR UPDATE` locks it, and its token. `None`
+/// where `access` cannot do it, with nothing locked.
+pub(crate) fn lock_claim(
+    claims: &access::Opened,
+    workflow: pg_sys::Datum,
+) -> Result<Option<(Option<access::Locked>, Option<i64>)>> {
+    let Some(row) = claims.lock(&[(C_WORKFLOW, workflow)])? else {
+        return Ok(None);
+    };
+    let current = row.as_ref().and_then(|row| claims.int8(row, C_TOKEN));
+    Ok(Some((row, current)))
+}
+
 /// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
 /// free" test: a live lease fails it, nothing is written and no row returns.
 /// Two first claims race on the primary key; the loser waits, then takes the
@@ -190,13 +204,15 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
             Some(pg_sys::Datum::from(now)),
         ),
     ];
-    let upserted = CLAIMS.upsert(&access::Upsert {
-        key: &[(C_WORKFLOW, w)],
-        set: &set,
-        fill: &[],
-        insert_only: &[],
-        only_if: Some((C_HELD_UNTIL, now)),
-        increment: Some(C_TOKEN),
+    let upserted = CLAIMS.with(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], |table| {
+        table.upsert(&access::Upsert {
+            key: &[(C_WORKFLOW, w)],
+            set: &set,
+            fill: &[],
+            insert_only: &[],
+            only_if: Some((C_HELD_UNTIL, now)),
+            increment: Some(C_TOKEN),
+        })
     })?;
     Ok(upserted.map(|done| match done {
         access::Upserted::Inserted => Some(1),
@@ -333,13 +349,7 @@ mod tests {
                 "{w}: served here only without the trigger"
             );
             if !through_statement {
-                Spi::run(
-                    "CREATE FUNCTION pg_temp.noop() RETURNS trigger LANGUAGE plpgsql AS
-                       $f$BEGIN RETURN NEW; END$f$;
-                     CREATE TRIGGER noop BEFORE INSERT OR UPDATE ON sturdy.claims
-                       FOR EACH ROW EXECUTE FUNCTION pg_temp.noop();",
-                )
-                .unwrap();
+                crate::testing::trigger_noop("sturdy.claims", "INSERT OR UPDATE");
             }
         }
     }

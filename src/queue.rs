@@ -518,29 +518,31 @@ pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Nam
     // [`SCHEDULE`]'s upsert without the statement, where nothing it would
     // do is skipped that way (see `access`)
     let upserted = match (queue.into_datum(), workflow.into_datum()) {
-        (Some(q), Some(w)) => QUEUE.upsert(&access::Upsert {
-            key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
-            set: &[
-                (
-                    Q_VISIBLE_AT,
-                    pg_sys::TIMESTAMPTZOID,
-                    Some(pg_sys::Datum::from(at)),
-                ),
-                (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
-                (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
-                (
-                    Q_SCHEDULED_AT,
-                    pg_sys::TIMESTAMPTZOID,
-                    Some(pg_sys::Datum::from(now)),
-                ),
-            ],
-            fill: &[
-                (Q_TAKES, access::Fill::Int4(0)),
-                (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
-            ],
-            insert_only: &[],
-            only_if: None,
-            increment: None,
+        (Some(q), Some(w)) => QUEUE.with(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], |table| {
+            table.upsert(&access::Upsert {
+                key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
+                set: &[
+                    (
+                        Q_VISIBLE_AT,
+                        pg_sys::TIMESTAMPTZOID,
+                        Some(pg_sys::Datum::from(at)),
+                    ),
+                    (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
+                    (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
+                    (
+                        Q_SCHEDULED_AT,
+                        pg_sys::TIMESTAMPTZOID,
+                        Some(pg_sys::Datum::from(now)),
+                    ),
+                ],
+                fill: &[
+                    (Q_TAKES, access::Fill::Int4(0)),
+                    (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
+                ],
+                insert_only: &[],
+                only_if: None,
+                increment: None,
+            })
         })?,
         _ => None,
     };
@@ -841,15 +843,17 @@ fn lease_one(
     let now = pgrx::datum::now();
     let until = pg_sys::TimestampTz::from(now + lease);
     let mut got = None;
-    let Some(leased) = QUEUE.lease_first(
-        &LEASE_COLUMNS,
-        q,
-        from,
-        due.into(),
-        until,
-        now.into(),
-        |row| got = Some((Text::copied(row.key), row.place)),
-    )?
+    let Some(leased) = QUEUE.with(&[pg_sys::ACL_UPDATE], |table| {
+        table.lease_first(
+            &LEASE_COLUMNS,
+            q,
+            from,
+            due.into(),
+            until,
+            now.into(),
+            |row| got = Some((Text::copied(row.key), row.place)),
+        )
+    })?
     else {
         return Ok(None);
     };
@@ -1128,11 +1132,13 @@ fn done(
     // [`DONE`]'s work, without the statement, where nothing it would do is
     // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
-        && let Some(done) = QUEUE.delete_if(
-            &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
-            Q_LEASED_UNTIL,
-            receipt.into(),
-        )?
+        && let Some(done) = QUEUE.with(&[pg_sys::ACL_DELETE], |table| {
+            table.delete_if(
+                &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
+                Q_LEASED_UNTIL,
+                receipt.into(),
+            )
+        })?
     {
         return Ok(done);
     }

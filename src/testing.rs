@@ -38,6 +38,19 @@ pub fn sqlstate_of(sql: &str) -> String {
     error_of(sql)[..5].to_owned()
 }
 
+/// A trigger on `table` that changes nothing (`BEFORE` the `events`, for
+/// each row): it sends the calls that could go without a statement (see
+/// `access`) to their statements, which fire it.
+pub fn trigger_noop(table: &str, events: &str) {
+    Spi::run(&format!(
+        "CREATE OR REPLACE FUNCTION pg_temp.noop() RETURNS trigger LANGUAGE plpgsql AS
+           $f$BEGIN RETURN NEW; END$f$;
+         CREATE TRIGGER noop BEFORE {events} ON {table}
+           FOR EACH ROW EXECUTE FUNCTION pg_temp.noop();"
+    ))
+    .unwrap();
+}
+
 /// Rows in `table` (a trusted literal from the test itself).
 pub fn count(table: &str) -> i64 {
     Spi::get_one::<i64>(&format!("SELECT count(*) FROM {table}"))

@@ -713,12 +713,9 @@ fn finish_here(
     {
         return Ok(None);
     }
-    let Some(fence) = claims.lock(&[(claim::C_WORKFLOW, w)])? else {
+    let Some((fence, current)) = claim::lock_claim(&claims, w)? else {
         return Ok(None);
     };
-    let current = fence
-        .as_ref()
-        .and_then(|row| claims.int8(row, claim::C_TOKEN));
     let Some(fence) = fence.filter(|_| current == Some(token)) else {
         // stale: nothing written (the caller raises)
         return Ok(Some((current, false)));
