@@ -509,8 +509,10 @@ impl Opened {
     /// since the snapshot fails with `40001`. `Some(None)`: no such row;
     /// `None` when it cannot be done here.
     pub fn lock(&self, key: &[(Col, pg_sys::Datum)]) -> Result<Option<Option<Locked>>> {
-        let cols: Vec<Col> = key.iter().map(|&(col, _)| col).collect();
-        if !self.can_lock(&cols) {
+        let Some((cols, n)) = cols_of(key) else {
+            return Ok(None);
+        };
+        if !self.can_lock(&cols[..n]) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -669,8 +671,10 @@ impl Opened {
         // before we return (see `Open`), the snapshot registered is
         // unregistered, the slot and the scans are released. On an error
         // Postgres raises beneath us, its abort releases all of them.
-        let cols: Vec<Col> = key.iter().map(|&(col, _)| col).collect();
-        if !self.can_delete_if(&cols, check) {
+        let Some((cols, n)) = cols_of(key) else {
+            return Ok(None);
+        };
+        if !self.can_delete_if(&cols[..n], check) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -1043,11 +1047,9 @@ impl Opened {
             let mut snapshot: pg_sys::Snapshot = std::ptr::null_mut();
             let existing = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let mut new: *mut pg_sys::TupleTableSlot = std::ptr::null_mut();
-            let set: Vec<pg_sys::AttrNumber> =
-                u.set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
             let outcome = loop {
                 let Some(mut tid) = conflicting(rel.0, index.0, u.key, existing) else {
-                    if let Err(e) = row.fill(u) {
+                    if let Err(e) = row.fill(shape, u) {
                         break Err(e);
                     }
                     if new.is_null() {
@@ -1137,6 +1139,8 @@ impl Opened {
                     break Ok((Upserted::Kept, keep(existing)));
                 }
                 pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
+                let set: Vec<pg_sys::AttrNumber> =
+                    u.set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
                 let mut incremented = None;
                 let written = rewrite(
                     rel.0,
@@ -1193,7 +1197,6 @@ struct Row {
     nulls: Vec<bool>,
     /// Whether `fill`'s columns hold their values yet.
     filled: bool,
-    attnums: Vec<pg_sys::AttrNumber>,
 }
 
 impl Row {
@@ -1206,9 +1209,8 @@ impl Row {
         let natts = shape.attrs.len();
         let at = |col: Col| shape.attnums[col.0] as usize - 1;
         let typed = |col: Col, oid: pg_sys::Oid| shape.types[col.0] == oid;
-        let cols: Vec<Col> = u.key.iter().map(|&(col, _)| col).collect();
-        if cols.len() > MAX_KEYS
-            || shape.index_on(&cols) != Some(shape.pkey)
+        let (cols, n) = cols_of(u.key)?;
+        if shape.index_on(&cols[..n]) != Some(shape.pkey)
             || !u.key.iter().all(|&(col, _)| typed(col, pg_sys::TEXTOID))
             || !u
                 .set
@@ -1264,17 +1266,16 @@ impl Row {
             values,
             nulls,
             filled: false,
-            attnums: u.fill.iter().map(|(col, _)| shape.attnums[col.0]).collect(),
         })
     }
 
     /// Give `u.fill`'s columns their values, once.
-    fn fill(&mut self, u: &Upsert) -> Result<()> {
+    fn fill(&mut self, shape: &Shape, u: &Upsert) -> Result<()> {
         if self.filled {
             return Ok(());
         }
-        for ((_, fill), &attnum) in u.fill.iter().zip(&self.attnums) {
-            self.values[attnum as usize - 1] = match fill {
+        for (col, fill) in u.fill {
+            self.values[shape.attnums[col.0] as usize - 1] = match fill {
                 Fill::Int4(n) => pg_sys::Datum::from(*n),
                 Fill::Next(seq) => {
                     pg_sys::Datum::from(seq.advance().ok_or_else(|| Error::Internal {
@@ -1609,6 +1610,18 @@ unsafe fn equal_key(
 /// The most columns a key of [`Opened::delete_if`], [`Opened::lock`] or
 /// [`Opened::upsert`] has.
 const MAX_KEYS: usize = 2;
+
+/// The columns of `key`, without an allocation: `None` past [`MAX_KEYS`].
+fn cols_of(key: &[(Col, pg_sys::Datum)]) -> Option<([Col; MAX_KEYS], usize)> {
+    if key.len() > MAX_KEYS {
+        return None;
+    }
+    let mut cols = [Col(0); MAX_KEYS];
+    for (c, &(col, _)) in cols.iter_mut().zip(key) {
+        *c = col;
+    }
+    Some((cols, key.len()))
+}
 
 /// Scan keys "index column i = `key[i]`", for a key of `text` columns in
 /// `index`'s order (at most [`MAX_KEYS`]; the rest of the array unused).
