@@ -599,6 +599,18 @@ impl Opened {
             .flatten()
     }
 
+    /// Whether [`Opened::update`] can write `cols` (with these types, `NULL`
+    /// only where `nullable`) over a locked row here.
+    pub fn can_update(&self, cols: &[(Col, pg_sys::Oid, bool)]) -> bool {
+        let shape = &self.shape;
+        self.may(pg_sys::ACL_UPDATE)
+            && !shape.checks
+            && cols.iter().all(|&(col, oid, null)| {
+                shape.types[col.0] == oid
+                    && (!null || !shape.attrs[shape.attnums[col.0] as usize - 1].not_null)
+            })
+    }
+
     /// Write `set` (columns, their types and values, `None`: NULL) over the
     /// row [`Opened::lock`] locked, as an `UPDATE` of it would: the new
     /// version with its index entries where the update is not HOT. `None`
@@ -610,14 +622,11 @@ impl Opened {
         set: &[(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
     ) -> Result<Option<()>> {
         let shape = &self.shape;
-        if !self.may(pg_sys::ACL_UPDATE)
-            || !Rc::ptr_eq(shape, &row.shape)
-            || shape.checks
-            || !set.iter().all(|&(col, oid, value)| {
-                shape.types[col.0] == oid
-                    && (value.is_some() || !shape.attrs[shape.attnums[col.0] as usize - 1].not_null)
-            })
-        {
+        let cols: Vec<(Col, pg_sys::Oid, bool)> = set
+            .iter()
+            .map(|&(col, oid, value)| (col, oid, value.is_none()))
+            .collect();
+        if !Rc::ptr_eq(shape, &row.shape) || !self.can_update(&cols) {
             return Ok(None);
         }
         let changed: Vec<pg_sys::AttrNumber> =

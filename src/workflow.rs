@@ -709,6 +709,7 @@ fn finish_here(
         None => None,
     };
     if !claims.can_lock(&[claim::C_WORKFLOW])
+        || !claims.can_update(&[(claim::C_HELD_UNTIL, pg_sys::TIMESTAMPTZOID, false)])
         || !rows.can_delete_if(&[queue::Q_QUEUE, queue::Q_WORKFLOW], queue::Q_LEASED_UNTIL)
     {
         return Ok(None);
@@ -1183,6 +1184,38 @@ mod tests {
         assert_eq!(Spi::get_one::<bool>(&finish("f3")).unwrap(), Some(true));
         assert_eq!(served(), before + 4, "without it again");
         assert_eq!(state("f3").as_deref(), Some("\"second\" t 0"));
+    }
+
+    /// A `CHECK` constraint on `sturdy.claims` (which only the executor
+    /// tests) sends `finish` to its statement before anything is locked or
+    /// written without it; the pass ends as it would.
+    #[pg_test]
+    fn finish_goes_to_its_statement_before_writing_where_the_claims_table_has_a_check() {
+        let served = crate::access::served;
+        Spi::run(
+            "ALTER TABLE sturdy.claims ADD CONSTRAINT positive CHECK (token > 0);
+             SELECT sturdy.schedule('fk', now() - interval '1 second', 'fkq');
+             CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('fkq', claim => true);",
+        )
+        .unwrap();
+        let before = served();
+        assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT sturdy.finish(workflow, token, receipt, 'final', '1', queue => 'fkq') FROM t"
+            )
+            .unwrap(),
+            Some(true)
+        );
+        assert_eq!(served(), before, "nothing done without the statement");
+        assert_eq!(
+            text(
+                "SELECT concat_ws(' ', (SELECT value::text FROM sturdy.checkpoints WHERE workflow = 'fk'),
+                                       (SELECT held_until <= now() FROM sturdy.claims WHERE workflow = 'fk'),
+                                       (SELECT count(*) FROM sturdy.queue WHERE queue = 'fkq'))"
+            )
+            .as_deref(),
+            Some("1 t 0")
+        );
     }
 
     /// The shapes of `finish` without a status (each its own statement): the
