@@ -958,12 +958,12 @@ impl Opened {
 impl Opened {
     /// Insert the row `u` describes, or, where one with its key is there
     /// (committed, or once the transaction writing it has ended), update that
-    /// one's `set` columns: `INSERT ... ON CONFLICT (key) DO UPDATE`, by the
-    /// executor's own protocol. Whether a row was inserted; `None` when it
-    /// cannot be done here (see the module comment; also any `CHECK`
-    /// constraint, a unique index besides the primary key, a default other
-    /// than `u.fill` says, or a column it leaves NULL that may not be), with
-    /// nothing done.
+    /// one's `set` columns (and `increment`, where `only_if` holds): `INSERT
+    /// ... ON CONFLICT (key) DO UPDATE [WHERE]`, by the executor's own
+    /// protocol. What it did (see [`Upserted`]); `None` when it cannot be
+    /// done here (see the module comment; also any `CHECK` constraint, a
+    /// unique index besides the primary key, a default other than `u.fill`
+    /// says, or a column it leaves NULL that may not be), with nothing done.
     ///
     /// The key is first looked for under a dirty snapshot, which sees rows
     /// not yet committed: one whose writer is still running is waited for,
