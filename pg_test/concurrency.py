@@ -85,6 +85,48 @@ def test_takers_never_share_a_row_while_leases_are_live():
     assert len(seen) == 2000 and len(set(seen)) == 2000, f"{len(seen)} taken, {len(set(seen))} distinct"
 
 
+def test_a_done_never_waits_for_a_taker_that_passed_its_row():
+    """Eight workers take one row and done it, over and over, while a ninth
+    connection watches pg_locks. A take whose snapshot is older than another
+    taker's lease sees that row still ready; locking it just to find it
+    leased would keep the lock to the take's commit, and the row's own `done`
+    would wait for it (measured before the change: hundreds of waits in this
+    test). So no `done` here ever waits on another transaction."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'pass'")
+        c.execute(
+            "SELECT sturdy.schedule('p-' || i, now() - interval '1 s', 'pass') FROM generate_series(1, 20000) i"
+        )
+    stop = time.monotonic() + 4
+    waits, cycles, lock = [], [0], threading.Lock()
+
+    def worker():
+        with connect() as c:
+            while time.monotonic() < stop:
+                for workflow, receipt in c.execute("SELECT workflow, receipt FROM sturdy.take('pass')").fetchall():
+                    c.execute("SELECT sturdy.done(%s, %s, 'pass')", (workflow, receipt))
+                    with lock:
+                        cycles[0] += 1
+
+    def monitor():
+        with connect() as c:
+            while time.monotonic() < stop:
+                waits.extend(c.execute(
+                    "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+                    " WHERE NOT l.granted AND l.locktype = 'transactionid'"
+                    " AND a.datname = current_database()").fetchall())
+
+    threads = [threading.Thread(target=worker) for _ in range(8)] + [threading.Thread(target=monitor)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'pass'")
+    assert cycles[0] > 1000, f"only {cycles[0]} take + done cycles ran"
+    assert not waits, f"{len(waits)} waits on a transaction seen, e.g. {waits[0][0]!r}"
+
+
 def busy_taker(queue, wanted, seconds, clear=True):
     """A worker that never finds its queue short: each round schedules one new
     row for now and takes the oldest one (done at once), so its take scans

@@ -182,9 +182,37 @@ unsafe extern "C-unwind" fn forget_roles(_arg: pg_sys::Datum, _cache: i32, _hash
     forget_grants();
 }
 
-/// Whether the current role holds `privilege` on the table `relid`.
-fn holds(relid: pg_sys::Oid, privilege: u32) -> bool {
-    // SAFETY: a backend-local lookup and the ACL check of a table that
+/// Register, once per backend, the callbacks that clear what this module
+/// keeps (shapes and OIDs, privileges): before anything is kept, so no
+/// invalidation can come between a kept answer and its callback.
+fn watch() {
+    if WATCHING.with(Cell::get) {
+        return;
+    }
+    // SAFETY: registering callbacks that only clear our caches.
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
+        for cache in [
+            pg_sys::SysCacheIdentifier::AUTHOID,
+            pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE,
+            pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
+            pg_sys::SysCacheIdentifier::DATABASEOID,
+        ] {
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as _,
+                Some(forget_roles),
+                pg_sys::Datum::from(0),
+            );
+        }
+    }
+    WATCHING.with(|w| w.set(true));
+}
+
+/// Whether the current role holds `privilege` on the relation `relid` (a
+/// table, or one of our sequences).
+pub(crate) fn holds(relid: pg_sys::Oid, privilege: u32) -> bool {
+    watch();
+    // SAFETY: a backend-local lookup and the ACL check of a relation that
     // exists (we hold no lock yet, as ExecCheckPermissions holds none).
     unsafe {
         let user = pg_sys::GetUserId();
@@ -348,26 +376,10 @@ impl Table {
 
     /// What this backend knows of the table, `None` when it does not exist.
     fn known(&'static self) -> Option<Known> {
-        // SAFETY: catalog lookups inside a transaction (we are called from a
-        // statement); the callback is registered once per backend and only
-        // clears our cache.
+        watch();
+        // SAFETY: applying pending invalidations inside a transaction (we
+        // are called from a statement).
         unsafe {
-            if !WATCHING.with(Cell::get) {
-                pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
-                for cache in [
-                    pg_sys::SysCacheIdentifier::AUTHOID,
-                    pg_sys::SysCacheIdentifier::AUTHMEMMEMROLE,
-                    pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
-                    pg_sys::SysCacheIdentifier::DATABASEOID,
-                ] {
-                    pg_sys::CacheRegisterSyscacheCallback(
-                        cache as _,
-                        Some(forget_roles),
-                        pg_sys::Datum::from(0),
-                    );
-                }
-                WATCHING.with(|w| w.set(true));
-            }
             // a cached OID may be of a table dropped since
             pg_sys::AcceptInvalidationMessages();
         }
@@ -868,11 +880,6 @@ impl Opened {
                     _ => None,
                 }
             };
-            let flags = if repeatable() {
-                0
-            } else {
-                pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8
-            };
             let mut outcome = Ok(false);
             while pg_sys::index_getnext_slot(
                 scan,
@@ -883,16 +890,42 @@ impl Opened {
                     continue;
                 }
                 let mut tid = (*found).tts_tid;
-                let (result, _) = lock_version(
-                    rel.0,
-                    &mut tid,
-                    snapshot,
-                    locked,
-                    cid,
-                    pg_sys::LockTupleMode::LockTupleExclusive,
-                    pg_sys::LockWaitPolicy::LockWaitSkip,
-                    flags,
-                );
+                let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
+                    lock_version(
+                        rel.0,
+                        tid,
+                        snapshot,
+                        locked,
+                        cid,
+                        pg_sys::LockTupleMode::LockTupleExclusive,
+                        pg_sys::LockWaitPolicy::LockWaitSkip,
+                        flags as u8,
+                    )
+                };
+                let (mut result, failure) = lock(&mut tid, 0);
+                if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
+                    // Changed since our snapshot, by a commit: most often
+                    // another take's lease. A lock on the newest version,
+                    // taken only to find it leased, would stay to our
+                    // commit and make that taker's `done` wait for us; so
+                    // the version the change made is read unlocked first,
+                    // and the newest locked only when that one is due. (A
+                    // row changed twice since, leased and then made due
+                    // again in place, is left to the next take, which sees
+                    // it as it stands; made due at another place in the
+                    // order, it has an index entry of its own there.)
+                    let mut next = failure.ctid;
+                    if pg_sys::table_tuple_fetch_row_version(
+                        rel.0,
+                        &mut next,
+                        &raw mut pg_sys::SnapshotAnyData,
+                        locked,
+                    ) && is_due(locked).is_none()
+                    {
+                        continue;
+                    }
+                    (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
+                }
                 match result {
                     pg_sys::TM_Result::TM_Ok => {}
                     // another taker holds it; or this command itself
