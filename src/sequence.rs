@@ -122,12 +122,11 @@ const SEQUENCE_MAGIC: u32 = 0x1717;
 /// `pg_sequence_last_value`'s answer read under a share lock on the
 /// sequence's page, where that function takes it exclusively (it shares
 /// `read_seq_tuple` with `nextval`): every `take` reads the queue's
-/// generation, and at 16 clients the takers queued on that one page (most
-/// of the `LWLock:BufferContent` waits sampled, bench/README.md). `nextval`
-/// changes the page only under its exclusive lock, so a share lock reads a
-/// value it wrote whole. `None` where this does not apply (no SELECT or
-/// USAGE, not a permanent sequence, a page not laid out as expected): the
-/// caller asks the function.
+/// generation, and would hold that one page alone each time, whatever the
+/// number of takers. `nextval` changes the page only under its exclusive
+/// lock, so a share lock reads a value it wrote whole. `None` where this
+/// does not apply (no SELECT or USAGE, not a permanent sequence, a page not
+/// laid out as expected): the caller asks the function.
 fn read_shared(oid: pg_sys::Oid) -> Option<Option<i64>> {
     if !crate::access::holds(oid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE) {
         return None;
