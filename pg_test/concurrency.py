@@ -127,6 +127,27 @@ def test_a_done_never_waits_for_a_taker_that_passed_its_row():
     assert not waits, f"{len(waits)} waits on a transaction seen, e.g. {waits[0][0]!r}"
 
 
+def test_a_take_of_a_queue_with_nothing_due_locks_nothing_of_the_next_queue():
+    """A take walks its queue's index entries in order and stops at the
+    first that is not due or not of its queue (the index checks only where to
+    start). Queue 'stop-a' holds one row, leased; 'stop-b', right after it in
+    the index, a ready one. A take of 'stop-a' left open walks past the
+    leased row and must stop there, not lock the next queue's row: a take of
+    'stop-b' from another connection gets it."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue IN ('stop-a', 'stop-b')")
+        c.execute("SELECT sturdy.schedule('a1', now() - interval '1 minute', 'stop-a')")
+        c.execute("SELECT sturdy.schedule('b1', now() - interval '1 minute', 'stop-b')")
+        assert c.execute("SELECT workflow FROM sturdy.take('stop-a', '1 hour')").fetchall() == [("a1",)]
+    with connect(autocommit=False) as a, connect() as b:
+        assert a.execute("SELECT count(*) FROM sturdy.take('stop-a')").fetchone()[0] == 0
+        got = b.execute("SELECT workflow FROM sturdy.take('stop-b')").fetchall()
+        a.rollback()
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue IN ('stop-a', 'stop-b')")
+    assert got == [("b1",)], f"the other queue's take got {got} while the empty take was open"
+
+
 def busy_taker(queue, wanted, seconds, clear=True):
     """A worker that never finds its queue short: each round schedules one new
     row for now and takes the oldest one (done at once), so its take scans

@@ -537,7 +537,7 @@ impl Opened {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
             let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let mut keys = key_scan(index.0, key);
-            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()]);
+            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()], false);
             let found =
                 pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
             let mut tid = (*slot).tts_tid;
@@ -711,7 +711,7 @@ impl Opened {
             let outcome = loop {
                 let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
                 let mut keys = key_scan(index.0, key);
-                let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()]);
+                let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()], false);
                 let mut found = None;
                 if pg_sys::index_getnext_slot(
                     scan,
@@ -826,48 +826,72 @@ impl Opened {
             pg_sys::CommandCounterIncrement();
             let cid = pg_sys::GetCurrentCommandId(true);
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
-            // queue = $queue AND (visible_at, seq) >= $from AND visible_at <= $due
-            let mut row: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
-            // (attribute numbers of the index's columns, not the table's)
-            pg_sys::ScanKeyEntryInitialize(
-                &mut row[0],
-                pg_sys::SK_ROW_MEMBER as i32,
-                2,
-                pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::InvalidOid,
-                pg_sys::InvalidOid,
-                pg_sys::Oid::from(pg_sys::F_TIMESTAMPTZ_CMP),
-                pg_sys::Datum::from(from.0),
-            );
-            pg_sys::ScanKeyEntryInitialize(
-                &mut row[1],
-                (pg_sys::SK_ROW_MEMBER | pg_sys::SK_ROW_END) as i32,
-                3,
-                pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::InvalidOid,
-                pg_sys::InvalidOid,
-                pg_sys::Oid::from(pg_sys::F_BTINT8CMP),
-                pg_sys::Datum::from(from.1),
-            );
-            let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
-            equal_key(&mut keys[0], index.0, 0, queue);
-            keys[1].sk_flags = pg_sys::SK_ROW_HEADER as i32;
-            keys[1].sk_attno = 2;
-            keys[1].sk_strategy = pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber;
-            keys[1].sk_argument = pg_sys::Datum::from(row.as_mut_ptr());
-            pg_sys::ScanKeyEntryInitialize(
-                &mut keys[2],
-                0,
-                2,
-                pg_sys::BTLessEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::InvalidOid,
-                pg_sys::InvalidOid,
-                pg_sys::Oid::from(pg_sys::F_TIMESTAMPTZ_LE),
-                pg_sys::Datum::from(due),
-            );
-            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..]);
+            // (queue, visible_at, seq) >= ($queue, $from): the one key the
+            // index checks. A btree scan reads a leaf page at a time and
+            // checks its keys against every entry from the start to the
+            // page's end, though one row is wanted: with the statement's
+            // three (queue =, the row comparison, visible_at <= due) that
+            // was a quarter of a take's instructions. The end of the queue
+            // and of what is due are checked here instead, on the entries
+            // the scan hands back (it copies them out: `xs_want_itup`),
+            // where the scan stops at the first past either, as those keys
+            // made it stop. (Attribute numbers of the index's columns.)
+            let mut row: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
+            for (i, (proc_, collation, value)) in [
+                (
+                    pg_sys::F_BTTEXTCMP,
+                    *(*index.0).rd_indcollation.add(0),
+                    queue,
+                ),
+                (
+                    pg_sys::F_TIMESTAMPTZ_CMP,
+                    pg_sys::InvalidOid,
+                    pg_sys::Datum::from(from.0),
+                ),
+                (
+                    pg_sys::F_BTINT8CMP,
+                    pg_sys::InvalidOid,
+                    pg_sys::Datum::from(from.1),
+                ),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let end = if i == 2 { pg_sys::SK_ROW_END } else { 0 };
+                pg_sys::ScanKeyEntryInitialize(
+                    &mut row[i],
+                    (pg_sys::SK_ROW_MEMBER | end) as i32,
+                    (i + 1) as pg_sys::AttrNumber,
+                    pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
+                    pg_sys::InvalidOid,
+                    collation,
+                    pg_sys::Oid::from(proc_),
+                    value,
+                );
+            }
+            let mut keys: [pg_sys::ScanKeyData; 1] = std::mem::zeroed();
+            keys[0].sk_flags = pg_sys::SK_ROW_HEADER as i32;
+            keys[0].sk_attno = 1;
+            keys[0].sk_strategy = pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber;
+            keys[0].sk_argument = pg_sys::Datum::from(row.as_mut_ptr());
+            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..], true);
             let found = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let locked = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            // the entry the scan is on: still of this queue, and due?
+            let within = || {
+                let mut values = [pg_sys::Datum::from(0); 3];
+                let mut nulls = [true; 3];
+                pg_sys::index_deform_tuple(
+                    (*scan).xs_itup,
+                    (*scan).xs_itupdesc,
+                    values.as_mut_ptr(),
+                    nulls.as_mut_ptr(),
+                );
+                !nulls[0]
+                    && !nulls[1]
+                    && same_bytes(values[0], queue)
+                    && values[1].value() as i64 <= due
+            };
             let is_due = |slot: *mut pg_sys::TupleTableSlot| {
                 let place = (timestamptz(slot, visible_at), int8(slot, seq));
                 let lease = timestamptz(slot, leased_until);
@@ -881,12 +905,20 @@ impl Opened {
                 }
             };
             let mut outcome = Ok(false);
-            while pg_sys::index_getnext_slot(
-                scan,
-                pg_sys::ScanDirection::ForwardScanDirection,
-                found,
-            ) {
-                if is_due(found).is_none() {
+            loop {
+                // `index_getnext_slot`, with the entry looked at before the
+                // heap (a chain that may hold another visible version is
+                // followed on, as there)
+                if !(*scan).xs_heap_continue {
+                    let tid = pg_sys::index_getnext_tid(
+                        scan,
+                        pg_sys::ScanDirection::ForwardScanDirection,
+                    );
+                    if tid.is_null() || !within() {
+                        break;
+                    }
+                }
+                if !pg_sys::index_fetch_heap(scan, found) || is_due(found).is_none() {
                     continue;
                 }
                 let mut tid = (*found).tts_tid;
@@ -1351,7 +1383,7 @@ unsafe fn conflicting(
             let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
             let mut keys = key_scan(index, key);
-            let scan = begin_scan(rel, index, &mut dirty, &mut keys[..key.len()]);
+            let scan = begin_scan(rel, index, &mut dirty, &mut keys[..key.len()], false);
             let found =
                 pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
             let mut tid = (*slot).tts_tid;
@@ -1683,7 +1715,9 @@ unsafe fn key_scan(
     }
 }
 
-/// An index scan of `index` under `snapshot` with `keys`, positioned.
+/// An index scan of `index` under `snapshot` with `keys`, positioned; with
+/// `copying`, one that hands back a copy of each index entry it returns
+/// (`xs_itup`), as an index-only scan's does.
 ///
 /// # Safety
 /// `rel` and `index` are open, `snapshot` is registered (or a dirty
@@ -1694,6 +1728,7 @@ unsafe fn begin_scan(
     index: pg_sys::Relation,
     snapshot: pg_sys::Snapshot,
     keys: &mut [pg_sys::ScanKeyData],
+    copying: bool,
 ) -> pg_sys::IndexScanDesc {
     unsafe {
         let n = keys.len() as i32;
@@ -1701,6 +1736,8 @@ unsafe fn begin_scan(
         let scan = pg_sys::index_beginscan(rel, index, snapshot, std::ptr::null_mut(), n, 0);
         #[cfg(not(feature = "pg18"))]
         let scan = pg_sys::index_beginscan(rel, index, snapshot, n, 0);
+        // before the rescan, which makes room for the copies
+        (*scan).xs_want_itup = copying;
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), n, std::ptr::null_mut(), 0);
         scan
     }
@@ -1742,10 +1779,18 @@ unsafe fn same_text(
     unsafe {
         let mut null = false;
         let v = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
-        if null {
-            return false;
-        }
-        let stored = pg_sys::pg_detoast_datum_packed(v.cast_mut_ptr());
+        !null && same_bytes(v, value)
+    }
+}
+
+/// Whether the `text` datum `stored` (from a tuple: maybe short-headed or
+/// compressed) holds the same bytes as `value` (a plain in-memory `text`).
+///
+/// # Safety
+/// Both are valid `text` datums.
+unsafe fn same_bytes(stored: pg_sys::Datum, value: pg_sys::Datum) -> bool {
+    unsafe {
+        let stored = pg_sys::pg_detoast_datum_packed(stored.cast_mut_ptr());
         let bytes = |p: *mut pg_sys::varlena| {
             std::slice::from_raw_parts(
                 pgrx::varlena::vardata_any(p).cast::<u8>(),
