@@ -21,6 +21,13 @@ def connect(autocommit=True):
     return psycopg.connect(DSN, autocommit=autocommit)
 
 
+def start_and_join(threads):
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_eight_workers_drain_ten_thousand_exactly_once():
     """8 workers take 1 to 10 at a time until the queue is empty: every
     workflow is taken exactly once, every done succeeds, nothing is left."""
@@ -116,11 +123,7 @@ def test_a_done_never_waits_for_a_taker_that_passed_its_row():
                     " WHERE NOT l.granted AND l.locktype = 'transactionid'"
                     " AND a.datname = current_database()").fetchall())
 
-    threads = [threading.Thread(target=worker) for _ in range(8)] + [threading.Thread(target=monitor)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    start_and_join([threading.Thread(target=worker) for _ in range(8)] + [threading.Thread(target=monitor)])
     with connect() as c:
         c.execute("DELETE FROM sturdy.queue WHERE queue = 'pass'")
     assert cycles[0] > 1000, f"only {cycles[0]} take + done cycles ran"
@@ -846,12 +849,8 @@ def test_racing_schedules_of_one_new_key_make_one_row_and_never_fail():
 
     clearer = threading.Thread(target=run, args=("CALL upsert_race.clear()",))
     clearer.start()
-    schedulers = [threading.Thread(target=run, args=("CALL upsert_race.schedules(3000)",))
-                  for _ in range(3)]
-    for t in schedulers:
-        t.start()
-    for t in schedulers:
-        t.join()
+    start_and_join([threading.Thread(target=run, args=("CALL upsert_race.schedules(3000)",))
+                    for _ in range(3)])
     with connect() as c:
         c.execute("INSERT INTO upsert_race.stop DEFAULT VALUES")
     clearer.join()
