@@ -1472,6 +1472,38 @@ mod tests {
         assert_eq!(take(10).as_deref(), Some("a,b,c,hidden"));
     }
 
+    /// A one-row take stops at the first index entry of its queue that is
+    /// not yet due, without visiting its row: a queue of one ready row and
+    /// 500 sleeping ones costs a take a heap visit or two, not 500 (the
+    /// heap fetches counted through the index, in this transaction).
+    #[pg_test]
+    fn take_stops_at_the_first_entry_not_yet_due_without_visiting_it() {
+        Spi::run(
+            "SELECT sturdy.schedule('ready', now() - interval '1 minute', 'stops');
+             SELECT sturdy.schedule('sleeps-' || i, now() + interval '1 hour', 'stops')
+               FROM generate_series(1, 500) i",
+        )
+        .unwrap();
+        let fetched = || {
+            one::<i64>("SELECT pg_stat_get_xact_tuples_fetched('sturdy.queue_visible'::regclass)")
+                .unwrap()
+        };
+        let before = fetched();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take('stops')").as_deref(),
+            Some("ready")
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('stops')"),
+            Some(0)
+        );
+        let visits = fetched() - before;
+        assert!(
+            visits < 20,
+            "two takes visited {visits} rows: the sleeping ones were walked"
+        );
+    }
+
     #[pg_test]
     fn take_scans_from_its_floor_and_a_past_dated_write_goes_back_to_the_start() {
         let take = || one::<String>("SELECT workflow FROM sturdy.take('floor')");
