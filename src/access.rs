@@ -765,7 +765,9 @@ impl Opened {
     /// Lease the first row of queue `queue` at or after the place `from` in
     /// (visible_at, seq) order that is due by `due` (`visible_at` and any
     /// lease's end at or before it) and not locked by another transaction
-    /// (skipped, as `FOR UPDATE SKIP LOCKED` does): its lease ends `until`,
+    /// (skipped, as `FOR UPDATE SKIP LOCKED` does; one another take leased
+    /// since our snapshot is passed over without being locked, as the
+    /// statement would not): its lease ends `until`,
     /// it was taken `now`, taken once more. `leased` reads the row before its
     /// buffer is released. `None` when it cannot be done here (see the
     /// module comment), with nothing done; `Some(false)` when no row was
