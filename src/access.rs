@@ -568,14 +568,11 @@ impl Opened {
                 flags,
             );
             count_served();
+            if let Some(e) = changed_since_snapshot(result) {
+                return Err(e);
+            }
             match result {
                 pg_sys::TM_Result::TM_Ok => {}
-                pg_sys::TM_Result::TM_Updated if repeatable() => {
-                    return Err(serialization("update"));
-                }
-                pg_sys::TM_Result::TM_Deleted if repeatable() => {
-                    return Err(serialization("delete"));
-                }
                 // gone, or updated by this very command: as invisible
                 pg_sys::TM_Result::TM_Deleted | pg_sys::TM_Result::TM_SelfModified => {
                     return Ok(Some(None));
@@ -739,16 +736,13 @@ impl Opened {
                     false,
                 );
                 pg_sys::UnregisterSnapshot(snapshot);
+                if let Some(e) = changed_since_snapshot(result) {
+                    break Err(e);
+                }
                 match result {
                     pg_sys::TM_Result::TM_Ok => break Ok(true),
                     // deleted by this very command already
                     pg_sys::TM_Result::TM_SelfModified => break Ok(false),
-                    pg_sys::TM_Result::TM_Updated if repeatable() => {
-                        break Err(serialization("update"));
-                    }
-                    pg_sys::TM_Result::TM_Deleted if repeatable() => {
-                        break Err(serialization("delete"));
-                    }
                     // committed under us (the access method waited for it):
                     // look again, as of now
                     pg_sys::TM_Result::TM_Updated => continue,
@@ -960,19 +954,15 @@ impl Opened {
                     }
                     (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
                 }
+                if let Some(e) = changed_since_snapshot(result) {
+                    outcome = Err(e);
+                    break;
+                }
                 match result {
                     pg_sys::TM_Result::TM_Ok => {}
                     // another taker holds it; or this command itself
                     pg_sys::TM_Result::TM_WouldBlock | pg_sys::TM_Result::TM_SelfModified => {
                         continue;
-                    }
-                    pg_sys::TM_Result::TM_Updated if repeatable() => {
-                        outcome = Err(serialization("update"));
-                        break;
-                    }
-                    pg_sys::TM_Result::TM_Deleted if repeatable() => {
-                        outcome = Err(serialization("delete"));
-                        break;
                     }
                     pg_sys::TM_Result::TM_Deleted => continue,
                     other => {
@@ -1188,14 +1178,11 @@ impl Opened {
                     pg_sys::LockWaitPolicy::LockWaitBlock,
                     0,
                 );
+                if let Some(e) = changed_since_snapshot(result) {
+                    break Err(e);
+                }
                 match result {
                     pg_sys::TM_Result::TM_Ok => {}
-                    pg_sys::TM_Result::TM_Updated if repeatable() => {
-                        break Err(serialization("update"));
-                    }
-                    pg_sys::TM_Result::TM_Deleted if repeatable() => {
-                        break Err(serialization("delete"));
-                    }
                     // changed since we found it: the row to update may be
                     // another, or none
                     pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted => continue,
@@ -1963,6 +1950,21 @@ fn serialization(what: &str) -> Error {
         message: format!("could not serialize access due to concurrent {what}"),
         detail: None,
         hint: Some("The transaction might succeed if retried.".into()),
+    }
+}
+
+/// Under repeatable read or serializable, the error for a row another
+/// transaction changed (`TM_Updated`) or removed (`TM_Deleted`) since the
+/// snapshot, as the executor raises it; `None` for any other answer, and
+/// always read committed, where each caller goes on by its own rule.
+fn changed_since_snapshot(result: pg_sys::TM_Result::Type) -> Option<Error> {
+    if !repeatable() {
+        return None;
+    }
+    match result {
+        pg_sys::TM_Result::TM_Updated => Some(serialization("update")),
+        pg_sys::TM_Result::TM_Deleted => Some(serialization("delete")),
+        _ => None,
     }
 }
 
