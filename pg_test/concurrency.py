@@ -151,6 +151,55 @@ def test_a_take_of_a_queue_with_nothing_due_locks_nothing_of_the_next_queue():
     assert got == [("b1",)], f"the other queue's take got {got} while the empty take was open"
 
 
+def test_a_take_skips_more_rows_locked_by_others_than_its_window():
+    """A one-row take reads its queue's entries a window at a time (16) and
+    goes on after the last when that closes before a row is leased. Another
+    transaction holds the first 20 of 25 ready rows (its take left open): a
+    take from a fresh connection skips them all and gets the 21st."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'window'")
+        c.execute(
+            "SELECT sturdy.schedule(format('w-%s', lpad(i::text, 2, '0')),"
+            " now() - interval '1 minute' + i * interval '1 millisecond', 'window')"
+            " FROM generate_series(1, 25) i"
+        )
+    with connect(autocommit=False) as a, connect() as b:
+        held = a.execute("SELECT workflow FROM sturdy.take('window', max => 20) ORDER BY 1").fetchall()
+        got = b.execute("SELECT workflow FROM sturdy.take('window')").fetchall()
+        a.rollback()
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'window'")
+    assert held == [(f"w-{i:02}",) for i in range(1, 21)], f"the open take holds {held}"
+    assert got == [("w-21",)], f"the take past the 20 locked rows got {got}"
+
+
+def test_a_take_from_the_start_gets_past_pages_of_dead_entries():
+    """A take's window counts the high key of every leaf page its scan reads
+    (see the test above), and a page whose entries are all marked dead has
+    nothing else: 10,000 rows done (their entries marked dead by an index
+    scan that found them gone) are over 50 such pages, so the window closes
+    before the scan hands back any entry. A take from the start (a fresh
+    connection) must go on past them to the one ready row after."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'dead-head'")
+        c.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
+            " SELECT 'dead-head', 'gone-' || i, now() - interval '1 hour', now() FROM generate_series(1, 10000) i"
+        )
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'dead-head'")
+    with connect() as c:
+        # an index scan that meets the deleted rows marks their entries dead
+        c.execute("SET enable_seqscan = off")
+        c.execute("SET enable_bitmapscan = off")
+        for _ in range(2):
+            c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'dead-head' AND visible_at <= now()")
+        c.execute("SELECT sturdy.schedule('ready', now() - interval '1 minute', 'dead-head')")
+    with connect() as c:
+        got = c.execute("SELECT workflow FROM sturdy.take('dead-head')").fetchall()
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'dead-head'")
+    assert got == [("ready",)], f"the take from the start got {got}"
+
+
 def busy_taker(queue, wanted, seconds, clear=True):
     """A worker that never finds its queue short: each round schedules one new
     row for now and takes the oldest one (done at once), so its take scans

@@ -865,15 +865,50 @@ impl Opened {
                     value,
                 );
             }
-            let mut keys: [pg_sys::ScanKeyData; 1] = std::mem::zeroed();
-            keys[0].sk_flags = pg_sys::SK_ROW_HEADER as i32;
-            keys[0].sk_attno = 1;
-            keys[0].sk_strategy = pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber;
-            keys[0].sk_argument = pg_sys::Datum::from(row.as_mut_ptr());
+            // A second key that only ends the scan: ROW(queue) <= the window,
+            // a row comparison of one member that `Window::compare` decides.
+            // It holds for the first `FIRST_WINDOW` entries of this queue
+            // the btree checks and for none after them or of another queue;
+            // required in the scan's direction, its first failure stops the
+            // read of the page there. The btree reads a leaf page at a time,
+            // checking the first key against every entry from the start to
+            // the page's end, though a take wants a few: that was a fifth of
+            // a take's instructions. Where the window closes before a row is
+            // leased, the scan is begun again, with no window.
+            let window = Window::new(queue, FIRST_WINDOW);
+            let mut compare: pg_sys::FmgrInfo = std::mem::zeroed();
+            compare.fn_addr = Some(Window::compare);
+            compare.fn_oid = pg_sys::InvalidOid;
+            compare.fn_nargs = 2;
+            compare.fn_strict = true;
+            compare.fn_mcxt = pg_sys::CurrentMemoryContext;
+            let mut upper: [pg_sys::ScanKeyData; 1] = std::mem::zeroed();
+            pg_sys::ScanKeyEntryInitializeWithInfo(
+                &mut upper[0],
+                (pg_sys::SK_ROW_MEMBER | pg_sys::SK_ROW_END) as i32,
+                1,
+                pg_sys::BTLessEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::InvalidOid,
+                *(*index.0).rd_indcollation.add(0),
+                &mut compare,
+                pg_sys::Datum::from(&raw const window),
+            );
+            let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+            for (k, strategy, members) in [
+                (0, pg_sys::BTGreaterEqualStrategyNumber, row.as_mut_ptr()),
+                (1, pg_sys::BTLessEqualStrategyNumber, upper.as_mut_ptr()),
+            ] {
+                keys[k].sk_flags = pg_sys::SK_ROW_HEADER as i32;
+                keys[k].sk_attno = 1;
+                keys[k].sk_strategy = strategy as pg_sys::StrategyNumber;
+                keys[k].sk_argument = pg_sys::Datum::from(members);
+            }
             let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..], true);
             let found = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let locked = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
-            // the entry the scan is on: still of this queue, and due?
+            // the entry the scan is on: still of this queue, and due? (and
+            // its place, kept for a scan begun again after it)
+            let last = std::cell::Cell::new(None);
             let within = || {
                 let mut values = [pg_sys::Datum::from(0); 3];
                 let mut nulls = [true; 3];
@@ -883,11 +918,19 @@ impl Opened {
                     values.as_mut_ptr(),
                     nulls.as_mut_ptr(),
                 );
-                !nulls[0]
+                let ok = !nulls[0]
                     && !nulls[1]
+                    && !nulls[2]
                     && same_bytes(values[0], queue)
-                    && values[1].value() as i64 <= due
+                    && values[1].value() as i64 <= due;
+                if ok {
+                    last.set(Some((values[1], values[2], (*scan).xs_heaptid)));
+                }
+                ok
             };
+            // the entry a window closed after, met first again by the scan
+            // begun after it
+            let mut seen: Option<pg_sys::ItemPointerData> = None;
             let is_due = |slot: *mut pg_sys::TupleTableSlot| {
                 let place = (timestamptz(slot, visible_at), int8(slot, seq));
                 let lease = timestamptz(slot, leased_until);
@@ -910,8 +953,37 @@ impl Opened {
                         scan,
                         pg_sys::ScanDirection::ForwardScanDirection,
                     );
-                    if tid.is_null() || !within() {
+                    if tid.is_null() {
+                        // The window closed: on from the last entry handed
+                        // back, which the new scan meets again (first among
+                        // any of the same key: versions of one row), or
+                        // from the same place when there was none (the
+                        // window also counts the high key of each page read,
+                        // and a run of pages whose entries are all marked
+                        // dead has nothing else).
+                        if window.reopen() {
+                            if let Some((at, seq, tid)) = last.get() {
+                                row[1].sk_argument = at;
+                                row[2].sk_argument = seq;
+                                seen = Some(tid);
+                            }
+                            pg_sys::index_rescan(
+                                scan,
+                                keys.as_mut_ptr(),
+                                keys.len() as i32,
+                                std::ptr::null_mut(),
+                                0,
+                            );
+                            continue;
+                        }
                         break;
+                    }
+                    if !within() {
+                        break;
+                    }
+                    if seen.is_some_and(|s| same_tid(&s, &*tid)) {
+                        seen = None;
+                        continue;
                     }
                 }
                 if !pg_sys::index_fetch_heap(scan, found) || is_due(found).is_none() {
@@ -1704,6 +1776,96 @@ unsafe fn key_scan(
     }
 }
 
+/// How many entries of its queue a take's scan reads before it stops and is
+/// begun again after them (see `Opened::lease_first`): a take at the head
+/// of a queue that 16 workers take from passes over about 8 rows others hold.
+const FIRST_WINDOW: u32 = 16;
+
+/// The end of a take's scan: the second key's one member, which holds for
+/// the next `left` entries of `queue` the btree checks (a page's high key
+/// among them: it checks that at the end of each page it reads) and for none
+/// after them or of another queue (bytes compared, as the column's "C"
+/// collation orders them). Lives on the stack of the scan it ends, which
+/// reads it through the key's argument.
+struct Window {
+    queue: pg_sys::Datum,
+    left: std::cell::Cell<u32>,
+    closed: std::cell::Cell<bool>,
+}
+
+impl Window {
+    fn new(queue: pg_sys::Datum, entries: u32) -> Self {
+        Window {
+            queue,
+            left: std::cell::Cell::new(entries),
+            closed: std::cell::Cell::new(false),
+        }
+    }
+
+    /// Whether the window (not the queue's end) ended the scan; if so, it
+    /// holds from now on for every entry of the queue.
+    fn reopen(&self) -> bool {
+        let closed = self.closed.replace(false);
+        if closed {
+            self.left.set(u32::MAX);
+        }
+        closed
+    }
+
+    /// The member's comparison, called by the btree code for each entry the
+    /// scan checks (after the first key held) with the entry's `queue` and
+    /// the key's argument, our `Window`: 0 (the entry is within) or 1 (it
+    /// is past the end). It calls nothing in the server and cannot fail.
+    unsafe extern "C-unwind" fn compare(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+        // SAFETY: the btree code calls a scan key's function with two
+        // non-NULL arguments (the function is strict): an index entry's
+        // `text` and this key's argument, a `Window` that outlives the scan.
+        unsafe {
+            let args = (*fcinfo).args.as_slice(2);
+            let window = &*(args[1].value.cast_mut_ptr::<Window>());
+            let ours = match inline_bytes(args[0].value) {
+                Some(stored) => inline_bytes(window.queue).is_some_and(|q| q == stored),
+                // compressed: `within` decides on it
+                None => true,
+            };
+            let left = window.left.get();
+            if !ours {
+                return pg_sys::Datum::from(1i32);
+            }
+            if left == 0 {
+                window.closed.set(true);
+                return pg_sys::Datum::from(1i32);
+            }
+            window.left.set(left - 1);
+            pg_sys::Datum::from(0i32)
+        }
+    }
+}
+
+/// The bytes of the `text` datum `value` when it is held in line and
+/// uncompressed (a short or a plain header); `None` otherwise.
+///
+/// # Safety
+/// `value` is a valid `text` datum, not read after what it points to goes.
+unsafe fn inline_bytes<'a>(value: pg_sys::Datum) -> Option<&'a [u8]> {
+    unsafe {
+        let p = value.cast_mut_ptr::<pg_sys::varlena>();
+        if pgrx::varlena::varatt_is_1b_e(p) || pgrx::varlena::varatt_is_4b_c(p) {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(
+            pgrx::varlena::vardata_any(p).cast::<u8>(),
+            pgrx::varlena::varsize_any_exhdr(p),
+        ))
+    }
+}
+
+fn same_tid(a: &pg_sys::ItemPointerData, b: &pg_sys::ItemPointerData) -> bool {
+    a.ip_blkid.bi_hi == b.ip_blkid.bi_hi
+        && a.ip_blkid.bi_lo == b.ip_blkid.bi_lo
+        && a.ip_posid == b.ip_posid
+}
+
 /// An index scan of `index` under `snapshot` with `keys`, positioned; with
 /// `copying`, one that hands back a copy of each index entry it returns
 /// (`xs_itup`), as an index-only scan's does.
@@ -1779,6 +1941,9 @@ unsafe fn same_text(
 /// Both are valid `text` datums.
 unsafe fn same_bytes(stored: pg_sys::Datum, value: pg_sys::Datum) -> bool {
     unsafe {
+        if let (Some(a), Some(b)) = (inline_bytes(stored), inline_bytes(value)) {
+            return a == b;
+        }
         let stored = pg_sys::pg_detoast_datum_packed(stored.cast_mut_ptr());
         let bytes = |p: *mut pg_sys::varlena| {
             std::slice::from_raw_parts(

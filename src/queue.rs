@@ -1504,6 +1504,31 @@ mod tests {
         );
     }
 
+    /// A one-row take's scan reads a window of its queue's entries and, when
+    /// that closes before a row is leased, goes on after the last one: a take
+    /// from the start of a queue whose first 40 rows are leased (more than
+    /// the window) gets the 41st, the one row due.
+    #[pg_test]
+    fn take_goes_on_past_more_leased_rows_than_its_window() {
+        Spi::run(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, taken_at, takes, leased_until)
+             SELECT 'window', 'held-' || i, now() - interval '1 minute', now(), now(), 1,
+                    now() + interval '1 hour'
+               FROM generate_series(1, 40) i;
+             INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
+             VALUES ('window', 'free', now() - interval '1 minute', now())",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take('window')").as_deref(),
+            Some("free")
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('window')"),
+            Some(0)
+        );
+    }
+
     #[pg_test]
     fn take_scans_from_its_floor_and_a_past_dated_write_goes_back_to_the_start() {
         let take = || one::<String>("SELECT workflow FROM sturdy.take('floor')");
