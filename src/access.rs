@@ -1064,8 +1064,8 @@ impl Opened {
                     now,
                 ) {
                     Ok(version) => {
-                        let mut null = false;
-                        let key = pg_sys::slot_getattr(version, key.into(), &mut null);
+                        // (the key is NOT NULL)
+                        let key = slot_value(version, key).unwrap_or(pg_sys::Datum::from(0));
                         leased(Leased { key, place });
                         pg_sys::ExecDropSingleTupleTableSlot(version);
                         outcome = Ok(true);
@@ -1902,11 +1902,7 @@ unsafe fn timestamptz(
     slot: *mut pg_sys::TupleTableSlot,
     attnum: pg_sys::AttrNumber,
 ) -> Option<i64> {
-    unsafe {
-        let mut null = false;
-        let v = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
-        (!null).then(|| v.value() as i64)
-    }
+    unsafe { slot_value(slot, attnum).map(|v| v.value() as i64) }
 }
 
 /// The `bigint` in attribute `attnum` of `slot`, `None` when NULL.
@@ -1927,10 +1923,26 @@ unsafe fn same_text(
     attnum: pg_sys::AttrNumber,
     value: pg_sys::Datum,
 ) -> bool {
+    unsafe { slot_value(slot, attnum).is_some_and(|v| same_bytes(v, value)) }
+}
+
+/// Attribute `attnum` (from 1) of `slot`, `None` when NULL: `slot_getattr`,
+/// with the server asked to deform the row only as far as the slot has not
+/// yet (one call for the several columns a take reads of a row).
+///
+/// # Safety
+/// `slot` holds a row with at least `attnum` attributes.
+unsafe fn slot_value(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+) -> Option<pg_sys::Datum> {
     unsafe {
-        let mut null = false;
-        let v = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
-        !null && same_bytes(v, value)
+        let n = i32::from(attnum);
+        if i32::from((*slot).tts_nvalid) < n {
+            pg_sys::slot_getsomeattrs_int(slot, n);
+        }
+        let i = (n - 1) as usize;
+        (!*(*slot).tts_isnull.add(i)).then(|| *(*slot).tts_values.add(i))
     }
 }
 
