@@ -200,6 +200,38 @@ def test_a_take_from_the_start_gets_past_pages_of_dead_entries():
     assert got == [("ready",)], f"the take from the start got {got}"
 
 
+def test_a_done_after_its_take_honours_what_others_did_between():
+    """A done of the row its connection's last take leased goes straight to
+    the version the take wrote (no look through the primary key). What other
+    connections commit between the take and the done still decides: a
+    reschedule keeps the row (its receipt no longer matches), and after a
+    VACUUM FULL moved every row the done removes its own row by key and no
+    other."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'between'")
+        c.execute(
+            "SELECT sturdy.schedule('b-' || i, now() - interval '1 minute' + i * interval '1 millisecond', 'between')"
+            " FROM generate_series(1, 30) i"
+        )
+    with connect() as w, connect() as other:
+        workflow, receipt = w.execute("SELECT workflow, receipt FROM sturdy.take('between')").fetchone()
+        other.execute("SELECT sturdy.schedule(%s, now(), 'between')", (workflow,))
+        (rescheduled,) = w.execute("SELECT sturdy.done(%s, %s, 'between')", (workflow, receipt)).fetchone()
+        (kept,) = other.execute(
+            "SELECT count(*) FROM sturdy.queue WHERE queue = 'between' AND workflow = %s", (workflow,)
+        ).fetchone()
+        workflow, receipt = w.execute("SELECT workflow, receipt FROM sturdy.take('between')").fetchone()
+        other.execute("DELETE FROM sturdy.queue WHERE queue = 'between' AND workflow IN ('b-1', 'b-3')")
+        other.execute("VACUUM FULL sturdy.queue")
+        (moved,) = w.execute("SELECT sturdy.done(%s, %s, 'between')", (workflow, receipt)).fetchone()
+        left = [r for (r,) in other.execute(
+            "SELECT workflow FROM sturdy.queue WHERE queue = 'between' ORDER BY workflow")]
+        other.execute("DELETE FROM sturdy.queue WHERE queue = 'between'")
+    assert (rescheduled, kept) == (False, 1), f"a done after a reschedule: {rescheduled}, rows kept {kept}"
+    assert moved, "the done after VACUUM FULL removed nothing"
+    assert workflow not in left and len(left) == 30 - 1 - 2, f"after VACUUM FULL the queue holds {left}"
+
+
 def busy_taker(queue, wanted, seconds, clear=True):
     """A worker that never finds its queue short: each round schedules one new
     row for now and takes the oldest one (done at once), so its take scans

@@ -267,6 +267,8 @@ pub struct Leased {
     pub key: pg_sys::Datum,
     /// Its place in the scan's order, before the lease.
     pub place: (pg_sys::TimestampTz, i64),
+    /// Where the new row version lives (see [`Opened::delete_at_if`]).
+    pub tid: pg_sys::ItemPointerData,
 }
 
 /// The columns [`Opened::lease_first`] works on.
@@ -665,6 +667,80 @@ impl Opened {
         }
         count_served();
         Ok(Some(()))
+    }
+
+    /// [`Opened::delete_if`] for a row version this backend knows the place
+    /// of, `tid` (the one its last take wrote): where our snapshot sees the
+    /// version there and it is the row `key` names, with `check` equal to
+    /// `equals`, it is deleted without a look through the primary key (whose
+    /// pages, for random keys, are the ones a `done` would otherwise touch
+    /// cold). `Some(true)` when it went; `None` in every other case, with
+    /// nothing done: a version since changed, moved on or gone, another row
+    /// at that place after a rewrite. Then the caller goes by the key, which
+    /// decides as ever.
+    pub fn delete_at_if(
+        &self,
+        tid: pg_sys::ItemPointerData,
+        key: &[(Col, pg_sys::Datum)],
+        check: Col,
+        equals: pg_sys::TimestampTz,
+    ) -> Result<Option<bool>> {
+        // SAFETY: as in `delete_if`; the version at `tid` is only read
+        // through the table's access method, which checks the place.
+        let Some((cols, n)) = cols_of(key) else {
+            return Ok(None);
+        };
+        if !self.can_delete_if(&cols[..n], check) {
+            return Ok(None);
+        }
+        let (rel, shape) = (&self.rel, &self.shape);
+        unsafe {
+            pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_DELETE);
+            pg_sys::CommandCounterIncrement();
+            let cid = pg_sys::GetCurrentCommandId(true);
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+            let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
+            let mut at = tid;
+            // a page past the table's end (truncated by a vacuum, the table
+            // rewritten since) cannot be read; none can be cut off while we
+            // hold our lock
+            let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
+            let fits = block
+                < pg_sys::RelationGetNumberOfBlocksInFork(rel.0, pg_sys::ForkNumber::MAIN_FORKNUM)
+                && pg_sys::table_tuple_fetch_row_version(rel.0, &mut at, snapshot, slot)
+                && key
+                    .iter()
+                    .all(|&(col, v)| same_text(slot, shape.attnums[col.0], v))
+                && timestamptz(slot, shape.attnums[check.0]) == Some(equals);
+            let outcome = if fits {
+                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+                let result = pg_sys::table_tuple_delete(
+                    rel.0,
+                    &mut at,
+                    cid,
+                    snapshot,
+                    std::ptr::null_mut(),
+                    true,
+                    &mut failure,
+                    false,
+                );
+                match changed_since_snapshot(result) {
+                    Some(e) => Err(e),
+                    // anything but a delete (changed or gone meanwhile, by
+                    // a commit the access method waited for, or by this
+                    // command): the key decides
+                    None => Ok((result == pg_sys::TM_Result::TM_Ok).then_some(true)),
+                }
+            } else {
+                Ok(None)
+            };
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::UnregisterSnapshot(snapshot);
+            if let Ok(Some(_)) = outcome {
+                count_served();
+            }
+            outcome
+        }
     }
 
     /// Whether [`Opened::delete_if`] can be done here, by a key of `cols`.
@@ -1066,7 +1142,11 @@ impl Opened {
                     Ok(version) => {
                         // (the key is NOT NULL)
                         let key = slot_value(version, key).unwrap_or(pg_sys::Datum::from(0));
-                        leased(Leased { key, place });
+                        leased(Leased {
+                            key,
+                            place,
+                            tid: (*version).tts_tid,
+                        });
                         pg_sys::ExecDropSingleTupleTableSlot(version);
                         outcome = Ok(true);
                     }

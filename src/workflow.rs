@@ -746,13 +746,10 @@ fn finish_here(
         return Ok(None);
     }
     drop(fence);
-    Ok(rows
-        .delete_if(
-            &[(queue::Q_QUEUE, q), (queue::Q_WORKFLOW, w)],
-            queue::Q_LEASED_UNTIL,
-            receipt.into(),
-        )?
-        .map(|removed| (current, removed)))
+    Ok(
+        queue::delete_done(&rows, queue, workflow, (q, w), receipt.into())?
+            .map(|removed| (current, removed)),
+    )
 }
 
 /// Returns its rows through the call.
