@@ -687,10 +687,7 @@ impl Opened {
     ) -> Result<Option<bool>> {
         // SAFETY: as in `delete_if`; the version at `tid` is only read
         // through the table's access method, which checks the place.
-        let Some((cols, n)) = cols_of(key) else {
-            return Ok(None);
-        };
-        if !self.can_delete_if(&cols[..n], check) {
+        if !self.may_delete_by(key, check) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -713,17 +710,7 @@ impl Opened {
                     .all(|&(col, v)| same_text(slot, shape.attnums[col.0], v))
                 && timestamptz(slot, shape.attnums[check.0]) == Some(equals);
             let outcome = if fits {
-                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-                let result = pg_sys::table_tuple_delete(
-                    rel.0,
-                    &mut at,
-                    cid,
-                    snapshot,
-                    std::ptr::null_mut(),
-                    true,
-                    &mut failure,
-                    false,
-                );
+                let result = delete_version(rel.0, &mut at, cid, snapshot);
                 match changed_since_snapshot(result) {
                     Some(e) => Err(e),
                     // anything but a delete (changed or gone meanwhile, by
@@ -741,6 +728,12 @@ impl Opened {
             }
             outcome
         }
+    }
+
+    /// Whether [`Opened::delete_if`] (or [`Opened::delete_at_if`]) can be
+    /// done here for `key`.
+    fn may_delete_by(&self, key: &[(Col, pg_sys::Datum)], check: Col) -> bool {
+        cols_of(key).is_some_and(|(cols, n)| self.can_delete_if(&cols[..n], check))
     }
 
     /// Whether [`Opened::delete_if`] can be done here, by a key of `cols`.
@@ -765,10 +758,7 @@ impl Opened {
         // before we return (see `Open`), the snapshot registered is
         // unregistered, the slot and the scans are released. On an error
         // Postgres raises beneath us, its abort releases all of them.
-        let Some((cols, n)) = cols_of(key) else {
-            return Ok(None);
-        };
-        if !self.can_delete_if(&cols[..n], check) {
+        if !self.may_delete_by(key, check) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -800,17 +790,7 @@ impl Opened {
                     pg_sys::UnregisterSnapshot(snapshot);
                     break Ok(false);
                 };
-                let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
-                let result = pg_sys::table_tuple_delete(
-                    rel.0,
-                    &mut tid,
-                    cid,
-                    snapshot,
-                    std::ptr::null_mut(),
-                    true,
-                    &mut failure,
-                    false,
-                );
+                let result = delete_version(rel.0, &mut tid, cid, snapshot);
                 pg_sys::UnregisterSnapshot(snapshot);
                 if let Some(e) = changed_since_snapshot(result) {
                     break Err(e);
@@ -1764,6 +1744,33 @@ unsafe fn lock_version(
             &mut failure,
         );
         (result, failure)
+    }
+}
+
+/// Delete the row version at `tid` as a `DELETE` would (waiting for a
+/// transaction writing it; no `RETURNING`, no `changingPart`).
+///
+/// # Safety
+/// `rel` is open for writes; `snapshot` is registered; `cid` is this
+/// command's.
+unsafe fn delete_version(
+    rel: pg_sys::Relation,
+    tid: &mut pg_sys::ItemPointerData,
+    cid: pg_sys::CommandId,
+    snapshot: pg_sys::Snapshot,
+) -> pg_sys::TM_Result::Type {
+    unsafe {
+        let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
+        pg_sys::table_tuple_delete(
+            rel,
+            tid,
+            cid,
+            snapshot,
+            std::ptr::null_mut(),
+            true,
+            &mut failure,
+            false,
+        )
     }
 }
 

@@ -717,9 +717,8 @@ const TAKE_ATTEMPTS: usize = 3;
 /// batch worker's next call, goes straight to those versions
 /// ([`DONE_LEASED`]) instead of descending the primary key once per row
 /// (random workflow names: about five pages a row, measured in
-/// bench/README.md). A one-row take keeps nothing: the same shortcut for the
-/// single `done` cost fewer instructions but measured no faster (slower in
-/// 6 of 8 rounds of the worker pass, bench/README.md).
+/// bench/README.md). A one-row take keeps its row in [`Taken1`], for the
+/// single `done`, which goes to it without a statement.
 ///
 /// Only ever a shortcut: each version is checked for its workflow, queue and
 /// receipt as it is deleted, and whatever it did not remove (a row
