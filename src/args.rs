@@ -6,7 +6,7 @@
 //! types, never raw arguments.
 
 use pgrx::IntoDatum;
-use pgrx::datum::Interval;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 
 use crate::datum::Text;
@@ -73,13 +73,32 @@ pub fn optional_name(arg: &'static str, v: Option<Text>) -> Result<Option<Name>>
 pub fn lease(arg: &'static str, v: Option<Interval>) -> Result<Interval> {
     let v = required(arg, v)?;
     let now = pgrx::datum::now();
-    if now + v <= now {
+    if pg_sys::TimestampTz::from(plus(now, v)) <= pg_sys::TimestampTz::from(now) {
         return Err(Error::NotPositive {
             arg,
             got: v.to_string(),
         });
     }
     Ok(v)
+}
+
+/// `at + v`, as the server's `+` adds them: where `v` has no days or months
+/// (a lease is most often seconds or minutes) and `at` is finite, the sum of
+/// their microseconds, without a call into the server (its addition works
+/// through the session's time zone, a few microseconds a call); otherwise, or
+/// where the sum leaves `timestamptz`'s range, the server's own addition
+/// (which raises that).
+pub fn plus(at: TimestampWithTimeZone, v: Interval) -> TimestampWithTimeZone {
+    if v.months() == 0
+        && v.days() == 0
+        && at.is_finite()
+        && let Some(t) = pg_sys::TimestampTz::from(at).checked_add(v.micros())
+        && let Ok(sum) = TimestampWithTimeZone::try_from(t)
+        && sum.is_finite()
+    {
+        return sum;
+    }
+    at + v
 }
 
 /// A required count that must be at least one.
@@ -90,5 +109,42 @@ pub fn positive(arg: &'static str, v: Option<i32>) -> Result<i32> {
             arg,
             got: n.to_string(),
         }),
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::datum::{Interval, TimestampWithTimeZone};
+    use pgrx::pg_sys;
+    use pgrx::prelude::*;
+
+    /// [`super::plus`] gives what the server's `now() + v` gives, by the sum
+    /// of microseconds or by the server's own addition.
+    #[pg_test]
+    fn plus_adds_as_the_server_does() {
+        for v in [
+            "1 minute",
+            "30 seconds",
+            "1 microsecond",
+            "-1 minute",
+            "0",
+            "1 day",
+            "1 mon",
+            "1 day -24 hours",
+            "-12 mons 360 days 00:00:01",
+            "100 years",
+        ] {
+            let (interval, server) = Spi::get_two::<Interval, TimestampWithTimeZone>(&format!(
+                "SELECT interval '{v}', now() + interval '{v}'"
+            ))
+            .unwrap();
+            let ours = super::plus(pgrx::datum::now(), interval.unwrap());
+            assert_eq!(
+                pg_sys::TimestampTz::from(ours),
+                pg_sys::TimestampTz::from(server.unwrap()),
+                "now() + '{v}'"
+            );
+        }
     }
 }

@@ -184,7 +184,7 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
     };
     // as the statement computes them: `now()` and `now() + lease`
     let now = pgrx::datum::now();
-    let until = pg_sys::TimestampTz::from(now + lease);
+    let until = pg_sys::TimestampTz::from(args::plus(now, lease));
     let now = pg_sys::TimestampTz::from(now);
     let set = [
         (C_TOKEN, pg_sys::INT8OID, Some(pg_sys::Datum::from(1_i64))),

@@ -857,7 +857,7 @@ fn lease_one(
     plan::begin_result(call);
     // as the statement computes them: `now()` and `now() + lease`
     let now = pgrx::datum::now();
-    let until = pg_sys::TimestampTz::from(now + lease);
+    let until = pg_sys::TimestampTz::from(args::plus(now, lease));
     let mut got = None;
     let Some(leased) = QUEUE.with(&[pg_sys::ACL_UPDATE], |table| {
         table.lease_first(
