@@ -741,6 +741,9 @@ struct Taken1 {
     workflow: Vec<u8>,
     receipt: pg_sys::TimestampTz,
     tid: pg_sys::ItemPointerData,
+    /// Whether it is still to be used (a `done` of it clears this, keeping
+    /// the buffers).
+    live: bool,
 }
 
 thread_local! {
@@ -880,13 +883,23 @@ fn lease_one(
         }));
     };
     let workflow = args::name("workflow", Some(workflow))?;
+    // (into the buffers of the last one kept: no allocation a take)
     TAKEN.with(|t| {
-        *t.borrow_mut() = Some(Taken1 {
-            queue: queue.bytes().to_vec(),
-            workflow: workflow.bytes().to_vec(),
+        let mut t = t.borrow_mut();
+        let kept = t.get_or_insert_with(|| Taken1 {
+            queue: Vec::new(),
+            workflow: Vec::new(),
             receipt: until,
             tid,
-        })
+            live: false,
+        });
+        kept.queue.clear();
+        kept.queue.extend_from_slice(queue.bytes());
+        kept.workflow.clear();
+        kept.workflow.extend_from_slice(workflow.bytes());
+        kept.receipt = until;
+        kept.tid = tid;
+        kept.live = true;
     });
     let token = if claim {
         crate::claim::claim_for(workflow, lease)?
@@ -1184,14 +1197,14 @@ pub(crate) fn delete_done(
     let key = [(Q_QUEUE, q), (Q_WORKFLOW, w)];
     let taken = TAKEN.with(|t| {
         let mut t = t.borrow_mut();
-        let tid = t
-            .as_ref()
-            .filter(|t| {
-                t.receipt == receipt && t.workflow == workflow.bytes() && t.queue == queue.bytes()
-            })?
-            .tid;
-        *t = None;
-        Some(tid)
+        let kept = t.as_mut().filter(|t| {
+            t.live
+                && t.receipt == receipt
+                && t.workflow == workflow.bytes()
+                && t.queue == queue.bytes()
+        })?;
+        kept.live = false;
+        Some(kept.tid)
     });
     if let Some(tid) = taken
         && table.delete_at_if(tid, &key, Q_LEASED_UNTIL, receipt)? == Some(true)
