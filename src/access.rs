@@ -156,6 +156,15 @@ thread_local! {
     /// Calls served here, for the tests to see which way a call went.
     #[cfg(any(test, feature = "pg_test"))]
     static SERVED: Cell<u64> = const { Cell::new(0) };
+    /// Leases written without a lock first (see [`Opened::lease_first`]).
+    #[cfg(any(test, feature = "pg_test"))]
+    static UNLOCKED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many leases this backend wrote without a lock first (tests only).
+#[cfg(any(test, feature = "pg_test"))]
+pub fn leased_unlocked() -> u64 {
+    UNLOCKED.with(Cell::get)
 }
 
 /// How many calls this backend served here (tests only).
@@ -1042,96 +1051,142 @@ impl Opened {
                         continue;
                     }
                 }
-                if !pg_sys::index_fetch_heap(scan, found) || is_due(found).is_none() {
+                if !pg_sys::index_fetch_heap(scan, found) {
                     continue;
                 }
-                let mut tid = (*found).tts_tid;
-                let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
-                    lock_version(
+                let Some(found_place) = is_due(found) else {
+                    continue;
+                };
+                // The lease written at once on the version found, where no
+                // one holds it and no one changed it since our snapshot (a
+                // lock first, the way below, was a record of its own in the
+                // WAL, a fifth of a take's records, and one more exclusive
+                // hold of the page); where someone does, nothing is written
+                // and the way below decides, as it always did.
+                let written = if looks_free(found) && same_text(found, queue_col, queue) {
+                    match lease(
                         rel.0,
-                        tid,
-                        snapshot,
-                        locked,
+                        shape,
+                        found,
+                        (*found).tts_tid,
                         cid,
-                        pg_sys::LockTupleMode::LockTupleExclusive,
-                        pg_sys::LockWaitPolicy::LockWaitSkip,
-                        flags as u8,
-                    )
+                        snapshot,
+                        [leased_until, taken_at, takes],
+                        until,
+                        now,
+                        true,
+                    ) {
+                        Ok(version) => version.map(|v| (v, found_place)),
+                        Err(e) => {
+                            outcome = Err(e);
+                            break;
+                        }
+                    }
+                } else {
+                    None
                 };
-                let (mut result, failure) = lock(&mut tid, 0);
-                if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
-                    // Changed since our snapshot, by a commit: most often
-                    // another take's lease. A lock on the newest version,
-                    // taken only to find it leased, would stay to our
-                    // commit and make that taker's `done` wait for us; so
-                    // the version the change made is read unlocked first,
-                    // and the newest locked only when that one is due. (A
-                    // row changed twice since, leased and then made due
-                    // again in place, is left to the next take, which sees
-                    // it as it stands; made due at another place in the
-                    // order, it has an index entry of its own there.)
-                    let mut next = failure.ctid;
-                    if pg_sys::table_tuple_fetch_row_version(
-                        rel.0,
-                        &mut next,
-                        &raw mut pg_sys::SnapshotAnyData,
-                        locked,
-                    ) && is_due(locked).is_none()
-                    {
-                        continue;
-                    }
-                    (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
+                #[cfg(any(test, feature = "pg_test"))]
+                if written.is_some() {
+                    UNLOCKED.with(|n| n.set(n.get() + 1));
                 }
-                if let Some(e) = changed_since_snapshot(result) {
-                    outcome = Err(e);
-                    break;
-                }
-                match result {
-                    pg_sys::TM_Result::TM_Ok => {}
-                    // another taker holds it; or this command itself
-                    pg_sys::TM_Result::TM_WouldBlock | pg_sys::TM_Result::TM_SelfModified => {
-                        continue;
+                let (version, place) = match written {
+                    Some(written) => written,
+                    None => {
+                        let mut tid = (*found).tts_tid;
+                        let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
+                            lock_version(
+                                rel.0,
+                                tid,
+                                snapshot,
+                                locked,
+                                cid,
+                                pg_sys::LockTupleMode::LockTupleExclusive,
+                                pg_sys::LockWaitPolicy::LockWaitSkip,
+                                flags as u8,
+                            )
+                        };
+                        let (mut result, failure) = lock(&mut tid, 0);
+                        if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
+                            // Changed since our snapshot, by a commit: most often
+                            // another take's lease. A lock on the newest version,
+                            // taken only to find it leased, would stay to our
+                            // commit and make that taker's `done` wait for us; so
+                            // the version the change made is read unlocked first,
+                            // and the newest locked only when that one is due. (A
+                            // row changed twice since, leased and then made due
+                            // again in place, is left to the next take, which sees
+                            // it as it stands; made due at another place in the
+                            // order, it has an index entry of its own there.)
+                            let mut next = failure.ctid;
+                            if pg_sys::table_tuple_fetch_row_version(
+                                rel.0,
+                                &mut next,
+                                &raw mut pg_sys::SnapshotAnyData,
+                                locked,
+                            ) && is_due(locked).is_none()
+                            {
+                                continue;
+                            }
+                            (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
+                        }
+                        if let Some(e) = changed_since_snapshot(result) {
+                            outcome = Err(e);
+                            break;
+                        }
+                        match result {
+                            pg_sys::TM_Result::TM_Ok => {}
+                            // another taker holds it; or this command itself
+                            pg_sys::TM_Result::TM_WouldBlock
+                            | pg_sys::TM_Result::TM_SelfModified => {
+                                continue;
+                            }
+                            pg_sys::TM_Result::TM_Deleted => continue,
+                            other => {
+                                outcome = Err(unexpected("table_tuple_lock", other));
+                                break;
+                            }
+                        }
+                        // the newest version, locked: due as it stands now? (it may
+                        // be one committed after our snapshot, which the lock went on
+                        // to; the key cannot have changed unnoticed either)
+                        let Some(place) = is_due(locked) else {
+                            continue;
+                        };
+                        if !same_text(locked, queue_col, queue) {
+                            continue;
+                        }
+                        let tid = (*locked).tts_tid;
+                        match lease(
+                            rel.0,
+                            shape,
+                            locked,
+                            tid,
+                            cid,
+                            snapshot,
+                            [leased_until, taken_at, takes],
+                            until,
+                            now,
+                            false,
+                        ) {
+                            Ok(Some(version)) => (version, place),
+                            // (not given without `unless_held`)
+                            Ok(None) => continue,
+                            Err(e) => {
+                                outcome = Err(e);
+                                break;
+                            }
+                        }
                     }
-                    pg_sys::TM_Result::TM_Deleted => continue,
-                    other => {
-                        outcome = Err(unexpected("table_tuple_lock", other));
-                        break;
-                    }
-                }
-                // the newest version, locked: due as it stands now? (it may
-                // be one committed after our snapshot, which the lock went on
-                // to; the key cannot have changed unnoticed either)
-                let Some(place) = is_due(locked) else {
-                    continue;
                 };
-                if !same_text(locked, queue_col, queue) {
-                    continue;
-                }
-                let tid = (*locked).tts_tid;
-                match lease(
-                    rel.0,
-                    shape,
-                    locked,
-                    tid,
-                    cid,
-                    snapshot,
-                    [leased_until, taken_at, takes],
-                    until,
-                    now,
-                ) {
-                    Ok(version) => {
-                        // (the key is NOT NULL)
-                        let key = slot_value(version, key).unwrap_or(pg_sys::Datum::from(0));
-                        leased(Leased {
-                            key,
-                            place,
-                            tid: (*version).tts_tid,
-                        });
-                        pg_sys::ExecDropSingleTupleTableSlot(version);
-                        outcome = Ok(true);
-                    }
-                    Err(e) => outcome = Err(e),
-                }
+                // (the key is NOT NULL)
+                let key = slot_value(version, key).unwrap_or(pg_sys::Datum::from(0));
+                leased(Leased {
+                    key,
+                    place,
+                    tid: (*version).tts_tid,
+                });
+                pg_sys::ExecDropSingleTupleTableSlot(version);
+                outcome = Ok(true);
                 break;
             }
             pg_sys::index_endscan(scan);
@@ -1537,11 +1592,13 @@ unsafe fn conflicting(
     }
 }
 
-/// Write the lease on the row version in `locked` (at `tid`, locked by us).
-/// Returns a slot holding the new version (the caller drops it).
+/// Write the lease on the row version in `locked` (at `tid`, locked by us),
+/// or with `unless_held` on the version in it that our snapshot found, where
+/// no one holds it ([`rewrite_unless_held`]: `Ok(None)` otherwise, nothing
+/// written). Returns a slot holding the new version (the caller drops it).
 ///
 /// # Safety
-/// As [`rewrite`].
+/// As [`rewrite`], or with `unless_held` as [`rewrite_unless_held`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn lease(
     rel: pg_sys::Relation,
@@ -1553,33 +1610,30 @@ unsafe fn lease(
     [leased_until, taken_at, takes]: [pg_sys::AttrNumber; 3],
     until: pg_sys::TimestampTz,
     now: pg_sys::TimestampTz,
-) -> Result<*mut pg_sys::TupleTableSlot> {
+    unless_held: bool,
+) -> Result<Option<*mut pg_sys::TupleTableSlot>> {
     unsafe {
         let changed = [leased_until, taken_at, takes];
-        rewrite(
-            rel,
-            shape,
-            locked,
-            tid,
-            cid,
-            snapshot,
-            &changed,
-            |values, nulls| {
-                let at = |attnum: pg_sys::AttrNumber| attnum as usize - 1;
-                let Some(more) = (!nulls[at(takes)])
-                    .then(|| values[at(takes)].value() as i32)
-                    .and_then(|n| n.checked_add(1))
-                else {
-                    return Err(out_of_range("integer"));
-                };
-                values[at(leased_until)] = pg_sys::Datum::from(until);
-                nulls[at(leased_until)] = false;
-                values[at(taken_at)] = pg_sys::Datum::from(now);
-                nulls[at(taken_at)] = false;
-                values[at(takes)] = pg_sys::Datum::from(more);
-                Ok(())
-            },
-        )
+        let edit = |values: &mut [pg_sys::Datum], nulls: &mut [bool]| {
+            let at = |attnum: pg_sys::AttrNumber| attnum as usize - 1;
+            let Some(more) = (!nulls[at(takes)])
+                .then(|| values[at(takes)].value() as i32)
+                .and_then(|n| n.checked_add(1))
+            else {
+                return Err(out_of_range("integer"));
+            };
+            values[at(leased_until)] = pg_sys::Datum::from(until);
+            nulls[at(leased_until)] = false;
+            values[at(taken_at)] = pg_sys::Datum::from(now);
+            nulls[at(taken_at)] = false;
+            values[at(takes)] = pg_sys::Datum::from(more);
+            Ok(())
+        };
+        if unless_held {
+            rewrite_unless_held(rel, shape, locked, tid, cid, snapshot, &changed, edit)
+        } else {
+            rewrite(rel, shape, locked, tid, cid, snapshot, &changed, edit).map(Some)
+        }
     }
 }
 
@@ -1596,12 +1650,122 @@ unsafe fn rewrite(
     rel: pg_sys::Relation,
     shape: &Shape,
     locked: *mut pg_sys::TupleTableSlot,
-    mut tid: pg_sys::ItemPointerData,
+    tid: pg_sys::ItemPointerData,
     cid: pg_sys::CommandId,
     snapshot: pg_sys::Snapshot,
     changed: &[pg_sys::AttrNumber],
     edit: impl FnOnce(&mut [pg_sys::Datum], &mut [bool]) -> Result<()>,
 ) -> Result<*mut pg_sys::TupleTableSlot> {
+    unsafe {
+        match write_version(rel, shape, locked, tid, cid, snapshot, changed, edit, true)? {
+            Ok(version) => Ok(version),
+            Err(result) => Err(unexpected("table_tuple_update", result)),
+        }
+    }
+}
+
+/// [`rewrite`] of a version no one holds: where another transaction holds
+/// it (a lock or a write not yet committed), or it was changed by a commit
+/// since `snapshot` or by this transaction, nothing is written and the
+/// answer is `Ok(None)`, at once, without waiting. This is `heap_update`
+/// told not to wait: that case it leaves undecided when asked to wait, and
+/// asserts it is never asked for, so a server built with assertions is
+/// never asked (`Ok(None)`, for the caller to lock first as ever).
+///
+/// # Safety
+/// As [`rewrite`], but for the lock: `found` holds a version of `rel`'s row
+/// at `tid` that `snapshot` sees.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rewrite_unless_held(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    found: *mut pg_sys::TupleTableSlot,
+    tid: pg_sys::ItemPointerData,
+    cid: pg_sys::CommandId,
+    snapshot: pg_sys::Snapshot,
+    changed: &[pg_sys::AttrNumber],
+    edit: impl FnOnce(&mut [pg_sys::Datum], &mut [bool]) -> Result<()>,
+) -> Result<Option<*mut pg_sys::TupleTableSlot>> {
+    if server_asserts() {
+        return Ok(None);
+    }
+    unsafe {
+        match write_version(rel, shape, found, tid, cid, snapshot, changed, edit, false)? {
+            Ok(version) => Ok(Some(version)),
+            Err(
+                pg_sys::TM_Result::TM_BeingModified
+                | pg_sys::TM_Result::TM_Updated
+                | pg_sys::TM_Result::TM_Deleted
+                | pg_sys::TM_Result::TM_SelfModified,
+            ) => Ok(None),
+            Err(other) => Err(unexpected("table_tuple_update", other)),
+        }
+    }
+}
+
+/// Whether the heap version in `slot` shows no one in its `xmax` (never
+/// locked, updated or deleted, or only by a transaction that aborted): read
+/// without the page's lock, so only a hint of whether
+/// [`rewrite_unless_held`] would find it free (which it decides under the
+/// lock). A version others hold, or changed since the snapshot, goes to the
+/// lock at once instead of to both. `false` for a slot of another kind.
+///
+/// # Safety
+/// `slot` holds a version of a heap table, its buffer pinned.
+unsafe fn looks_free(slot: *mut pg_sys::TupleTableSlot) -> bool {
+    unsafe {
+        if !std::ptr::eq((*slot).tts_ops, &raw const pg_sys::TTSOpsBufferHeapTuple) {
+            return false;
+        }
+        let tuple = (*slot.cast::<pg_sys::BufferHeapTupleTableSlot>())
+            .base
+            .tuple;
+        if tuple.is_null() || (*tuple).t_data.is_null() {
+            return false;
+        }
+        let header = (*tuple).t_data;
+        // (others may change both meanwhile, under the page's lock)
+        let infomask = std::ptr::read_volatile(&raw const (*header).t_infomask);
+        let xmax = std::ptr::read_volatile(&raw const (*header).t_choice.t_heap.t_xmax);
+        infomask & pg_sys::HEAP_XMAX_INVALID as u16 != 0 || xmax == pg_sys::InvalidTransactionId
+    }
+}
+
+/// Whether the server was built with assertions (`debug_assertions`), read
+/// once a backend.
+fn server_asserts() -> bool {
+    thread_local! {
+        static ASSERTS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    ASSERTS.with(|a| {
+        *a.get().get_or_insert_with(|| {
+            // SAFETY: a built-in read-only setting, read by name; the
+            // answer is a static string of the GUC machinery, read at once.
+            unsafe {
+                let value = pg_sys::GetConfigOption(c"debug_assertions".as_ptr(), true, false);
+                !value.is_null() && CStr::from_ptr(value).to_bytes() == b"on"
+            }
+        })
+    })
+}
+
+/// The new version's write for [`rewrite`] and [`rewrite_unless_held`]:
+/// `Err` the update's result where it was not `TM_Ok` (nothing written).
+///
+/// # Safety
+/// As [`rewrite`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn write_version(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    locked: *mut pg_sys::TupleTableSlot,
+    mut tid: pg_sys::ItemPointerData,
+    cid: pg_sys::CommandId,
+    snapshot: pg_sys::Snapshot,
+    changed: &[pg_sys::AttrNumber],
+    edit: impl FnOnce(&mut [pg_sys::Datum], &mut [bool]) -> Result<()>,
+    wait: bool,
+) -> Result<std::result::Result<*mut pg_sys::TupleTableSlot, pg_sys::TM_Result::Type>> {
     unsafe {
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
@@ -1625,14 +1789,14 @@ unsafe fn rewrite(
             cid,
             snapshot,
             std::ptr::null_mut(),
-            true,
+            wait,
             &mut failure,
             &mut mode,
             &mut reindex,
         );
         if result != pg_sys::TM_Result::TM_Ok {
             pg_sys::ExecDropSingleTupleTableSlot(version);
-            return Err(unexpected("table_tuple_update", result));
+            return Ok(Err(result));
         }
         #[cfg(feature = "pg15")]
         let reindex = reindex;
@@ -1644,7 +1808,7 @@ unsafe fn rewrite(
             // the unique check finds only our own old version)
             index_entries(rel, shape, version, Some(changed), std::ptr::null_mut());
         }
-        Ok(version)
+        Ok(Ok(version))
     }
 }
 

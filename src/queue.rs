@@ -1597,6 +1597,36 @@ mod tests {
     }
 
     #[pg_test]
+    fn take_writes_a_free_rows_lease_at_once_and_a_held_ones_after_the_lock() {
+        Spi::run(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
+             VALUES ('at-once', 'mine', now() - interval '2 minutes', now()),
+                    ('at-once', 'free', now() - interval '1 minute', now());
+             SELECT 1 FROM sturdy.queue WHERE queue = 'at-once' AND workflow = 'mine' FOR UPDATE",
+        )
+        .unwrap();
+        let take = || one::<String>("SELECT workflow FROM sturdy.take('at-once')");
+        let before = crate::access::leased_unlocked();
+        // the oldest, which this transaction holds already: leased after the
+        // lock (it has it), where an update that may not wait would refuse it
+        assert_eq!(take().as_deref(), Some("mine"));
+        assert_eq!(crate::access::leased_unlocked(), before, "after the lock");
+        assert_eq!(take().as_deref(), Some("free"));
+        assert_eq!(crate::access::leased_unlocked(), before + 1, "at once");
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM sturdy.queue
+                  WHERE queue = 'at-once' AND takes = 1 AND leased_until > now()"
+            ),
+            Some(2)
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM sturdy.take('at-once')"),
+            Some(0)
+        );
+    }
+
+    #[pg_test]
     fn take_scans_from_its_floor_and_a_past_dated_write_goes_back_to_the_start() {
         let take = || one::<String>("SELECT workflow FROM sturdy.take('floor')");
         Spi::run(
