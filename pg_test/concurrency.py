@@ -232,6 +232,38 @@ def test_a_done_after_its_take_honours_what_others_did_between():
     assert workflow not in left and len(left) == 30 - 1 - 2, f"after VACUUM FULL the queue holds {left}"
 
 
+def test_a_done_after_a_vacuum_cut_off_its_rows_page_answers_false():
+    """The version a take leased on the table's last page, deleted by
+    another connection and its page cut off by VACUUM before the done: the
+    done looks for it no further than the table's end (reading past it is an
+    error) and answers false."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'cut-off'")
+        c.execute("VACUUM sturdy.queue")
+        # past the free space VACUUM left: the last rows written extend the
+        # table, and the last of them is the oldest, the one a take leases
+        c.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
+            " SELECT 'cut-off', 'c-' || i, now() - i * interval '1 millisecond', now()"
+            " FROM generate_series(1, 20000) i"
+        )
+    with connect() as w, connect() as other:
+        workflow, receipt = w.execute("SELECT workflow, receipt FROM sturdy.take('cut-off')").fetchone()
+        (block,) = other.execute(
+            "SELECT (ctid::text::point)[0]::bigint FROM sturdy.queue WHERE queue = 'cut-off' AND workflow = %s",
+            (workflow,),
+        ).fetchone()
+        other.execute("DELETE FROM sturdy.queue WHERE queue = 'cut-off'")
+        other.execute("VACUUM sturdy.queue")
+        (pages,) = other.execute(
+            "SELECT pg_relation_size('sturdy.queue') / current_setting('block_size')::bigint"
+        ).fetchone()
+        (removed,) = w.execute("SELECT sturdy.done(%s, %s, 'cut-off')", (workflow, receipt)).fetchone()
+    assert workflow == "c-20000", f"the take leased {workflow}, not the last row written"
+    assert pages <= block, f"VACUUM left {pages} pages: the leased version's page {block} is still there"
+    assert removed is False, f"a done of a row deleted and cut off answered {removed}"
+
+
 def busy_taker(queue, wanted, seconds, clear=True):
     """A worker that never finds its queue short: each round schedules one new
     row for now and takes the oldest one (done at once), so its take scans

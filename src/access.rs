@@ -161,6 +161,20 @@ thread_local! {
     static UNLOCKED: Cell<u64> = const { Cell::new(0) };
 }
 
+/// How many shared invalidation messages this backend has taken in: one that
+/// has taken in none since an earlier reading has seen no table truncated,
+/// rewritten or dropped meanwhile (each sends one, and a backend takes them
+/// in as it locks a table, before it uses it).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Invalidations(u64);
+
+impl Invalidations {
+    pub fn now() -> Self {
+        // SAFETY: a counter of this backend's, only ever changed by itself.
+        Invalidations(unsafe { pg_sys::SharedInvalidMessageCounter })
+    }
+}
+
 /// How many leases this backend wrote without a lock first (tests only).
 #[cfg(any(test, feature = "pg_test"))]
 pub fn leased_unlocked() -> u64 {
@@ -690,6 +704,7 @@ impl Opened {
     pub fn delete_at_if(
         &self,
         tid: pg_sys::ItemPointerData,
+        seen: Invalidations,
         key: &[(Col, pg_sys::Datum)],
         check: Col,
         equals: pg_sys::TimestampTz,
@@ -709,10 +724,17 @@ impl Opened {
             let mut at = tid;
             // a page past the table's end (truncated by a vacuum, the table
             // rewritten since) cannot be read; none can be cut off while we
-            // hold our lock
+            // hold our lock, and none was since `tid` was learnt where this
+            // backend has taken in no invalidation since (a truncation sends
+            // one before it lets go of its lock, which ours waited for): then
+            // the table's size is not asked for, a system call a `done`
             let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
-            let fits = block
-                < pg_sys::RelationGetNumberOfBlocksInFork(rel.0, pg_sys::ForkNumber::MAIN_FORKNUM)
+            let fits = (Invalidations::now() == seen
+                || block
+                    < pg_sys::RelationGetNumberOfBlocksInFork(
+                        rel.0,
+                        pg_sys::ForkNumber::MAIN_FORKNUM,
+                    ))
                 && pg_sys::table_tuple_fetch_row_version(rel.0, &mut at, snapshot, slot)
                 && key
                     .iter()

@@ -741,6 +741,8 @@ struct Taken1 {
     workflow: Vec<u8>,
     receipt: pg_sys::TimestampTz,
     tid: pg_sys::ItemPointerData,
+    /// The invalidations this backend had taken in when it leased it.
+    seen: access::Invalidations,
     /// Whether it is still to be used (a `done` of it clears this, keeping
     /// the buffers).
     live: bool,
@@ -891,6 +893,7 @@ fn lease_one(
             workflow: Vec::new(),
             receipt: until,
             tid,
+            seen: access::Invalidations::now(),
             live: false,
         });
         kept.queue.clear();
@@ -899,6 +902,7 @@ fn lease_one(
         kept.workflow.extend_from_slice(workflow.bytes());
         kept.receipt = until;
         kept.tid = tid;
+        kept.seen = access::Invalidations::now();
         kept.live = true;
     });
     let token = if claim {
@@ -1204,10 +1208,10 @@ pub(crate) fn delete_done(
                 && t.queue == queue.bytes()
         })?;
         kept.live = false;
-        Some(kept.tid)
+        Some((kept.tid, kept.seen))
     });
-    if let Some(tid) = taken
-        && table.delete_at_if(tid, &key, Q_LEASED_UNTIL, receipt)? == Some(true)
+    if let Some((tid, seen)) = taken
+        && table.delete_at_if(tid, seen, &key, Q_LEASED_UNTIL, receipt)? == Some(true)
     {
         #[cfg(any(test, feature = "pg_test"))]
         ONE_BY_TID.with(|n| n.set(n.get() + 1));
