@@ -264,6 +264,52 @@ def test_a_done_after_a_vacuum_cut_off_its_rows_page_answers_false():
     assert removed is False, f"a done of a row deleted and cut off answered {removed}"
 
 
+def test_a_take_starts_at_the_furthest_floor_any_connection_reached():
+    """On PostgreSQL 17 and later the takes of all connections share each
+    queue's furthest floor: a connection whose own floor is behind starts
+    where another's takes got to (under the same generation), so a row
+    written below that behind take's back (no generation bump) is passed
+    over, as a connection's own floor passes such a row, until a scan from
+    the start finds it: at the latest when the queue comes up short. On 15
+    each connection goes by its own floor."""
+    with connect() as c:
+        shared = c.execute("SELECT current_setting('server_version_num')::int >= 170000").fetchone()[0]
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'shared-head'")
+        c.execute(
+            "SELECT sturdy.schedule(format('s-%s', lpad(i::text, 2, '0')),"
+            " now() - interval '1 hour' + i * interval '1 second', 'shared-head')"
+            " FROM generate_series(1, 30) i"
+        )
+    with connect() as a, connect() as b:
+        def take(conn):
+            workflow, receipt = conn.execute("SELECT workflow, receipt FROM sturdy.take('shared-head')").fetchone()
+            conn.execute("SELECT sturdy.done(%s, %s, 'shared-head')", (workflow, receipt))
+            return workflow
+        first = take(b)
+        by_a = [take(a) for _ in range(10)]
+        # below where a got to, above b's own floor; no generation bump
+        a.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
+            " VALUES ('shared-head', 'hidden', now() - interval '1 hour' + interval '1.5 seconds', now())"
+        )
+        next_by_b = take(b)
+        rest = []
+        while len(rest) < 40:
+            row = b.execute("SELECT workflow, receipt FROM sturdy.take('shared-head')").fetchone()
+            if row is None:
+                break
+            b.execute("SELECT sturdy.done(%s, %s, 'shared-head')", row)
+            rest.append(row[0])
+    assert first == "s-01" and by_a == [f"s-{i:02}" for i in range(2, 12)], (first, by_a)
+    if shared:
+        assert next_by_b == "s-12", f"b did not start where a got to: {next_by_b}"
+        assert "hidden" in rest, f"the row below the shared floor was never found: {rest}"
+        assert sorted(rest) == sorted(["hidden"] + [f"s-{i:02}" for i in range(13, 31)]), rest
+    else:
+        assert next_by_b == "hidden", f"b did not go by its own floor: {next_by_b}"
+        assert rest == [f"s-{i:02}" for i in range(12, 31)], rest
+
+
 def busy_taker(queue, wanted, seconds, clear=True):
     """A worker that never finds its queue short: each round schedules one new
     row for now and takes the oldest one (done at once), so its take scans

@@ -9,6 +9,7 @@
 //! - `plan`: statements prepared once per backend, set-returning results;
 //! - `access`: the queue's hot rows read and written through the access methods, without a statement;
 //! - `sequence`: reading a sequence of ours without a statement;
+//! - `heads`: the furthest floor each queue's takes reached, shared by all backends;
 //! - `subxact`: subtransactions and calling a caller's function.
 //!
 //! Each capability is one module with the same shape (protocol comment,
@@ -30,6 +31,8 @@ pub mod error;
 pub mod fmgr;
 #[allow(unsafe_code)]
 pub mod fragment;
+#[allow(unsafe_code)]
+pub mod heads;
 #[allow(unsafe_code)]
 pub mod plan;
 #[allow(unsafe_code)]

@@ -55,6 +55,7 @@ use crate::checkpoint;
 use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
+use crate::heads;
 use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{Position, Rescans, SLACK, START, ScanFrom, floor_after, time_param};
 
@@ -960,22 +961,33 @@ fn take(
     let now = pgrx::datum::now();
     // Read before any scan: a past-dated write that bumps it after this
     // point is found by the next take.
-    let generation = generation::read();
+    let (installation, generation) = generation::read();
+    // the floors other backends reached here (`heads`), for this generation
+    let shared = installation
+        .zip(generation)
+        .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
     // From the floor, or from the start; and whether a short take may go
     // back to the start. Rate-limited, the floor holds whatever the
     // generation; otherwise only for the generation it was found under.
-    let floor = FLOORS.with(|f| {
-        let floors = f.borrow();
-        let fl = floors.get(queue.bytes())?;
-        match fl.rescans.next(start) {
-            ScanFrom::Start => None,
-            ScanFrom::Floor(false) => Some((fl.at, false)),
-            ScanFrom::Floor(true) if fl.generation.is_some() && fl.generation == generation => {
-                Some((fl.at, true))
+    // A floor goes on to the furthest another backend reached under this
+    // generation, which holds as one's own would.
+    let floor = FLOORS
+        .with(|f| {
+            let floors = f.borrow();
+            let fl = floors.get(queue.bytes())?;
+            match fl.rescans.next(start) {
+                ScanFrom::Start => None,
+                ScanFrom::Floor(false) => Some((fl.at, false)),
+                ScanFrom::Floor(true) if fl.generation.is_some() && fl.generation == generation => {
+                    Some((fl.at, true))
+                }
+                ScanFrom::Floor(true) => None,
             }
-            ScanFrom::Floor(true) => None,
-        }
-    });
+        })
+        .map(|(at, may)| {
+            let further = shared.and_then(|(q, g)| heads::read(&q, g));
+            (further.map_or(at, |f| f.max(at)), may)
+        });
     let (mut taken, mut full, may_rescan) = match floor {
         Some((at, may)) => (
             take_from(call, stmt, queue, lease, max.into(), at, now, batch)?,
@@ -1002,6 +1014,15 @@ fn take(
         };
     }
     remember(queue, &taken, full, generation);
+    if let Some((q, g)) = shared
+        && let Some(at) = FLOORS.with(|f| {
+            let floors = f.borrow();
+            let fl = floors.get(queue.bytes())?;
+            (fl.generation == Some(g)).then_some(fl.at)
+        })
+    {
+        heads::offer(&q, g, at);
+    }
     // Due means due by `now()`, the transaction's start. When that is stale
     // by more than `SLACK` when the take comes up short, the scans may have
     // judged by a time long gone: a scan from the start that walked millions
@@ -1101,8 +1122,13 @@ mod generation {
 
     static SEQUENCE: Sequence = Sequence::new(c"sturdy", c"queue_generation");
 
-    pub fn read() -> Option<i64> {
-        SEQUENCE.last_value()
+    /// The generation, and the sequence's OID where it exists (which names
+    /// this installation's queues in `heads`).
+    pub fn read() -> (Option<pgrx::pg_sys::Oid>, Option<i64>) {
+        match SEQUENCE.last_value_of() {
+            Some((oid, value)) => (Some(oid), value),
+            None => (None, None),
+        }
     }
 
     pub fn bump() {

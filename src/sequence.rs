@@ -94,11 +94,18 @@ impl Sequence {
     /// never advanced. Without SELECT or USAGE on it, what
     /// `pg_sequence_last_value` does (PostgreSQL 15 raises, 18 answers NULL).
     pub fn last_value(&'static self) -> Option<i64> {
+        self.last_value_of().and_then(|(_, value)| value)
+    }
+
+    /// [`Sequence::last_value`], with the sequence's OID (`None` where it
+    /// does not exist).
+    pub fn last_value_of(&'static self) -> Option<(pg_sys::Oid, Option<i64>)> {
         let oid = self.oid()?;
-        match read_shared(oid) {
+        let value = match read_shared(oid) {
             Some(value) => value,
             None => call(pg_sys::pg_sequence_last_value, oid),
-        }
+        };
+        Some((oid, value))
     }
 
     /// Advance the sequence, as `nextval` does; `None` where it does not
