@@ -218,7 +218,9 @@ def sweep_rate():
 
 def main():
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
-                    "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min"], check=True)
+                    "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min",
+                    # as the README advises (on 15 the takes' shared floors need it)
+                    "shared_preload_libraries = 'pg_sturdy'"], check=True)
     try:
         subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
                         os.path.join(ROOT, "bench", "setup.sql"), "postgres"], check=True)

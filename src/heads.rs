@@ -1,6 +1,8 @@
 //! The furthest floor any backend's take reached in a queue, shared by every
-//! backend of the server (PostgreSQL 17 and later: a named segment of the
-//! server's dynamic shared memory, made on first use; none on 15).
+//! backend of the server: on PostgreSQL 17 and later in a named segment of
+//! the server's dynamic shared memory, made on first use; on 15 in its main
+//! shared memory, where the library is in `shared_preload_libraries` (not
+//! preloaded there, each backend goes by its own floors, as before).
 //!
 //! Each backend keeps its own floor per queue (`queue.rs`, `Floor`): the
 //! place of the row its last take found, below which everything was handed
@@ -152,9 +154,65 @@ fn segment() -> Option<&'static Heads> {
     Some(heads)
 }
 
+/// Whether this server loaded the library at its start
+/// (`shared_preload_libraries`), and so holds room for the slots in its main
+/// shared memory (PostgreSQL 15, which has no registry of named segments).
+#[cfg(feature = "pg15")]
+static PRELOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[cfg(feature = "pg15")]
+static mut PREVIOUS_REQUEST: pg_sys::shmem_request_hook_type = None;
+
+/// From `_PG_init`: where the server is loading us at its start, ask for
+/// the slots' room in its shared memory (PostgreSQL 15; later versions make
+/// a segment on first use, preloaded or not).
+pub fn preload() {
+    #[cfg(feature = "pg15")]
+    // SAFETY: the postmaster runs `_PG_init` of a preloaded library before
+    // any backend exists, and chains the hook as every extension does.
+    unsafe {
+        #[pgrx::pg_guard]
+        unsafe extern "C-unwind" fn request() {
+            // SAFETY: called by the postmaster once, while shared memory is
+            // being sized; the previous hook is whatever was there.
+            unsafe {
+                if let Some(previous) = PREVIOUS_REQUEST {
+                    previous();
+                }
+                pg_sys::RequestAddinShmemSpace(size_of::<Heads>());
+            }
+        }
+        if !pg_sys::process_shared_preload_libraries_in_progress {
+            return;
+        }
+        PREVIOUS_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request);
+        PRELOADED.store(true, Ordering::Relaxed);
+    }
+}
+
 #[cfg(feature = "pg15")]
 fn attach() -> Option<&'static Heads> {
-    None
+    if !PRELOADED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut found = false;
+    // SAFETY: the room was asked for at the server's start (`preload`; the
+    // flag is inherited from the postmaster); the first backend to look
+    // makes the struct, zeroed, under `AddinShmemInitLock`, as extensions
+    // do in their start-up hooks; it stays for the server's life.
+    unsafe {
+        // AddinShmemInitLock (lwlocknames.h)
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let at =
+            pg_sys::ShmemInitStruct(c"pg_sturdy.heads".as_ptr(), size_of::<Heads>(), &mut found);
+        if !found {
+            std::ptr::write_bytes(at.cast::<u8>(), 0, size_of::<Heads>());
+        }
+        pg_sys::LWLockRelease(lock);
+        (!at.is_null()).then(|| &*at.cast::<Heads>())
+    }
 }
 
 #[cfg(not(feature = "pg15"))]
@@ -253,7 +311,7 @@ mod tests {
         let elsewhere = Queue::new(pg_sys::Oid::from(4243), b"heads-test").unwrap();
         if cfg!(feature = "pg15") {
             offer(&q, 7, (100, 1));
-            assert_eq!(read(&q, 7), None, "no segment on 15");
+            assert_eq!(read(&q, 7), None, "15, not preloaded: no slots");
             return;
         }
         offer(&q, 7, (100, 1));

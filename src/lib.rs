@@ -79,6 +79,7 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     workflow::define_settings();
+    heads::preload();
 }
 
 /// Hooks for `cargo pgrx test`.
