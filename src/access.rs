@@ -1690,9 +1690,10 @@ unsafe fn rewrite(
 /// it (a lock or a write not yet committed), or it was changed by a commit
 /// since `snapshot` or by this transaction, nothing is written and the
 /// answer is `Ok(None)`, at once, without waiting. This is `heap_update`
-/// told not to wait: that case it leaves undecided when asked to wait, and
-/// asserts it is never asked for, so a server built with assertions is
-/// never asked (`Ok(None)`, for the caller to lock first as ever).
+/// told not to wait, which `tableam.h` documents (a holder answers
+/// `TM_BeingModified`) and which its code, written for callers that wait,
+/// asserts no one asks for: so a server built with assertions is never
+/// asked (`Ok(None)`, for the caller to lock first as ever).
 ///
 /// # Safety
 /// As [`rewrite`], but for the lock: `found` holds a version of `rel`'s row
