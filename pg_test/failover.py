@@ -10,6 +10,7 @@ drains with no row handed to two takers.
 
   pg_test/failover.py BINDIR DIR PORT   (run by scripts/suites.sh)
 """
+import datetime
 import os
 import shutil
 import subprocess
@@ -97,14 +98,22 @@ class Load:
                         return
                     workflow, receipt, token = row
                     with self.lock:
-                        self.taken.append(workflow)
+                        self.taken.append((workflow, receipt))
                         if token is not None:
                             self.tokens[workflow] = max(token, self.tokens.get(workflow, 0))
                     if token is None:
                         continue
-                    c.execute("SELECT * FROM sturdy.record(%s, 'work', '1', %s)", (workflow, token))
-                    c.execute("SELECT sturdy.finish(%s, %s, %s, 'final', '\"done\"', queue => 'fo')",
-                              (workflow, token, receipt))
+                    try:
+                        c.execute("SELECT * FROM sturdy.record(%s, 'work', '1', %s)", (workflow, token))
+                        c.execute("SELECT sturdy.finish(%s, %s, %s, 'final', '\"done\"', queue => 'fo')",
+                                  (workflow, token, receipt))
+                    except psycopg.Error as e:
+                        # a pass that outlived its lease (a stall of the
+                        # machine) is fenced by the one that took the row
+                        # next: it stops, and that one carries on
+                        if e.sqlstate != "SD001":
+                            raise
+                        continue
                     with self.lock:
                         self.finished.add(workflow)
         except psycopg.Error:
@@ -165,10 +174,17 @@ def main():
             left, done = c.execute("SELECT (SELECT count(*) FROM sturdy.queue WHERE queue = 'fo'),"
                                    " (SELECT count(DISTINCT workflow) FROM sturdy.checkpoints WHERE step = 'final')"
                                    ).fetchone()
-        twice = len(drain.taken) - len(set(drain.taken))
+        # at once: a take whose lease began (its receipt less the lease)
+        # before the lease of the workflow's take before it ended
+        leases = {}
+        for workflow, receipt in drain.taken:
+            leases.setdefault(workflow, []).append(receipt)
+        lapse = datetime.timedelta(seconds=LEASE)
+        twice = sorted(w for w, rs in leases.items()
+                       if any(b - lapse < a for a, b in zip(sorted(rs), sorted(rs)[1:])))
         check("the load resumes on the new primary and drains, no row handed out twice at once",
-              [] if (left, done) == (0, JOBS) and twice == 0
-              else [f"{left} left, {done} of {JOBS} finished, {twice} taken twice"])
+              [] if (left, done) == (0, JOBS) and not twice
+              else [f"{left} left, {done} of {JOBS} finished, {len(twice)} taken twice at once {twice[:3]}"])
     except Exception as e:  # set-up trouble is a failure too
         check("failover run", [repr(e)])
     finally:
