@@ -278,6 +278,29 @@ def test_a_take_starts_at_the_furthest_floor_any_connection_reached():
             "SELECT current_setting('server_version_num')::int >= 170000"
             " OR 'pg_sturdy' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))"
         ).fetchone()[0]
+    # b's second take must come within a second of its first, or it scans
+    # from the start by its own schedule (which finds the row below): a run
+    # that a stalled machine made slower is run again
+    for attempt in range(3):
+        first, by_a, next_by_b, rest, elapsed = shared_floor_run()
+        if elapsed < 0.8:
+            break
+    assert first == "s-01" and by_a == [f"s-{i:02}" for i in range(2, 12)], (first, by_a)
+    if shared:
+        assert next_by_b == "s-12", f"b did not start where a got to: {next_by_b} ({elapsed:.2f} s)"
+        assert "hidden" in rest, f"the row below the shared floor was never found: {rest}"
+        assert sorted(rest) == sorted(["hidden"] + [f"s-{i:02}" for i in range(13, 31)]), rest
+    else:
+        assert next_by_b == "hidden", f"b did not go by its own floor: {next_by_b}"
+        assert rest == [f"s-{i:02}" for i in range(12, 31)], rest
+
+
+def shared_floor_run():
+    """One run of the test above: b takes the first row, a the next ten, a
+    row goes in below a's floor, then b takes once and then to the end.
+    Returns b's first row, a's rows, b's next, the rest, and the seconds
+    between b's first two takes."""
+    with connect() as c:
         c.execute("DELETE FROM sturdy.queue WHERE queue = 'shared-head'")
         c.execute(
             "SELECT sturdy.schedule(format('s-%s', lpad(i::text, 2, '0')),"
@@ -290,6 +313,7 @@ def test_a_take_starts_at_the_furthest_floor_any_connection_reached():
             conn.execute("SELECT sturdy.done(%s, %s, 'shared-head')", (workflow, receipt))
             return workflow
         first = take(b)
+        began = time.monotonic()
         by_a = [take(a) for _ in range(10)]
         # below where a got to, above b's own floor; no generation bump
         a.execute(
@@ -297,6 +321,7 @@ def test_a_take_starts_at_the_furthest_floor_any_connection_reached():
             " VALUES ('shared-head', 'hidden', now() - interval '1 hour' + interval '1.5 seconds', now())"
         )
         next_by_b = take(b)
+        elapsed = time.monotonic() - began
         rest = []
         while len(rest) < 40:
             row = b.execute("SELECT workflow, receipt FROM sturdy.take('shared-head')").fetchone()
@@ -304,14 +329,7 @@ def test_a_take_starts_at_the_furthest_floor_any_connection_reached():
                 break
             b.execute("SELECT sturdy.done(%s, %s, 'shared-head')", row)
             rest.append(row[0])
-    assert first == "s-01" and by_a == [f"s-{i:02}" for i in range(2, 12)], (first, by_a)
-    if shared:
-        assert next_by_b == "s-12", f"b did not start where a got to: {next_by_b}"
-        assert "hidden" in rest, f"the row below the shared floor was never found: {rest}"
-        assert sorted(rest) == sorted(["hidden"] + [f"s-{i:02}" for i in range(13, 31)]), rest
-    else:
-        assert next_by_b == "hidden", f"b did not go by its own floor: {next_by_b}"
-        assert rest == [f"s-{i:02}" for i in range(12, 31)], rest
+    return first, by_a, next_by_b, rest, elapsed
 
 
 def busy_taker(queue, wanted, seconds, clear=True):
