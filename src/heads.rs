@@ -121,13 +121,10 @@ impl Slot {
                 .all(|(a, b)| a.load(Ordering::Relaxed) == b)
     }
 
-    /// The floor held for `q`, and the generation it holds for, read whole.
-    fn read(&self, q: &Queue) -> Option<(i64, Position)> {
-        let before = self.version.load(Ordering::Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
-        let found = self.holds(q).then(|| {
+    /// The generation and floor in the slot where it is `q`'s, field by
+    /// field: whole only under the version's check, or for its writer.
+    fn fields(&self, q: &Queue) -> Option<(i64, Position)> {
+        self.holds(q).then(|| {
             (
                 self.generation.load(Ordering::Relaxed),
                 (
@@ -135,7 +132,16 @@ impl Slot {
                     self.tiebreak.load(Ordering::Relaxed),
                 ),
             )
-        });
+        })
+    }
+
+    /// The floor held for `q`, and the generation it holds for, read whole.
+    fn read(&self, q: &Queue) -> Option<(i64, Position)> {
+        let before = self.version.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let found = self.fields(q);
         std::sync::atomic::fence(Ordering::Acquire);
         (self.version.load(Ordering::Relaxed) == before)
             .then_some(found)
@@ -279,16 +285,7 @@ pub fn offer(q: &Queue, generation: i64, at: Position) {
         return;
     }
     // held by us now: as it stands, is ours still further?
-    let held = slot.holds(q).then(|| {
-        (
-            slot.generation.load(Ordering::Relaxed),
-            (
-                slot.at.load(Ordering::Relaxed),
-                slot.tiebreak.load(Ordering::Relaxed),
-            ),
-        )
-    });
-    if further(held) {
+    if further(slot.fields(q)) {
         slot.database.store(q.database, Ordering::Relaxed);
         slot.generations.store(q.generations, Ordering::Relaxed);
         slot.len.store(q.len, Ordering::Relaxed);
