@@ -20,6 +20,7 @@ checkout at PGMQ_REPO (tag v1.5.1); without either, that column is skipped.
   BENCH_CASES=1,4             (only these cases, 1-based)
   BENCH_SWEEP_ROWS=1000000    (finished instances for the sweep rate; 0 skips it)
   BENCH_PER_CALL=0            (skip the per-call pgbench -r table and the A/Bs)
+  BENCH_PER_CALL_ROUNDS=3     (rounds of the per-call table; each statement's median over them)
 """
 import os
 import re
@@ -67,7 +68,9 @@ CASES = [
     dict(name="take(claim) + finish vs TAKE + CLAIM + RECORD + FINISH, passes/s",
          sturdy="bench/sturdy_finish_pass.sql", base="bench/seed_worker_pass.sql", before=backlog(200000)),
     dict(name="take and done vs trivial write, transactions/s", sturdy="bench/sturdy_take_done.sql",
-         base="bench/trivial_write.sql", sturdy_per=2, before=backlog(200000)),
+         base="bench/trivial_write.sql", sturdy_per=2,
+         # 5 s of takes at 4 clients without the flush ran past 200,000 rows on 18
+         before=backlog(500000)),
     dict(name="job cycle: schedule + take + done vs plain INSERT + TAKE + DELETE, cycles/s",
          sturdy="bench/sturdy_cycle.sql", base="bench/plain_cycle.sql", before=backlog(1000, "cycle")),
     dict(name="start vs trivial write, transactions/s", sturdy="bench/sturdy_start.sql",
@@ -167,22 +170,35 @@ PER_CALL = [("pg_sturdy worker pass", "bench/sturdy_worker_pass.sql", 50000),
             ("trivial write", "bench/trivial_write.sql", 0)]
 
 
+PER_CALL_ROUNDS = int(os.environ.get("BENCH_PER_CALL_ROUNDS", "3"))
+
+
 def per_call():
     """Each statement's latency (pgbench -r), 1 client, synchronous_commit off:
-    where a pass's time goes, call by call, including the round trip."""
-    lines = ["| script | statement | µs |", "|---|---|---:|"]
-    for name, script, rows in PER_CALL:
-        if rows:
-            psql(backlog(rows, "cycle" if "cycle" in script else "bench"))
-        cmd = [PGBENCH, *CONN, "-n", "-r", "-M", "prepared", "-c", "1", "-T", str(SECONDS),
-               "-f", os.path.join(ROOT, script), "postgres"]
-        env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
-        stmts = out.split("statement latencies in milliseconds", 1)[1].splitlines()[1:]
-        for line in stmts:
-            m = re.match(r"\s+([0-9.]+)\s+(?:[0-9]+\s+)?(.*)", line)
-            if m and not m.group(2).startswith("\\set"):
-                lines.append(f"| {name} | `{m.group(2).strip()[:90]}` | {float(m.group(1)) * 1000:.0f} |")
+    where a pass's time goes, call by call, including the round trip. One
+    client's latency follows the machine's drift, so the scripts run in
+    rounds, one after another within a round (the order reversed every other
+    round), and each statement shows its median over the rounds with the
+    min..max: compare neighbours within the table, not across runs."""
+    latencies = {}  # (name, statement) -> [µs], in the scripts' order
+    for round_ in range(PER_CALL_ROUNDS):
+        for name, script, rows in (PER_CALL if round_ % 2 == 0 else PER_CALL[::-1]):
+            if rows:
+                psql(backlog(rows, "cycle" if "cycle" in script else "bench"))
+            cmd = [PGBENCH, *CONN, "-n", "-r", "-M", "prepared", "-c", "1", "-T", str(SECONDS),
+                   "-f", os.path.join(ROOT, script), "postgres"]
+            env = dict(os.environ, PGOPTIONS="-c synchronous_commit=off")
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+            stmts = out.split("statement latencies in milliseconds", 1)[1].splitlines()[1:]
+            for line in stmts:
+                m = re.match(r"\s+([0-9.]+)\s+(?:[0-9]+\s+)?(.*)", line)
+                if m and not m.group(2).startswith("\\set"):
+                    key = (name, m.group(2).strip()[:90])
+                    latencies.setdefault(key, []).append(float(m.group(1)) * 1000)
+    lines = [f"| script | statement | µs, median of {PER_CALL_ROUNDS} rounds (min..max) |", "|---|---|---:|"]
+    order = {name: i for i, (name, _, _) in enumerate(PER_CALL)}
+    for (name, stmt), xs in sorted(latencies.items(), key=lambda kv: order[kv[0][0]]):
+        lines.append(f"| {name} | `{stmt}` | {statistics.median(xs):.0f} ({min(xs):.0f}..{max(xs):.0f}) |")
     return "\n".join(lines)
 
 
