@@ -180,7 +180,7 @@ def per_call():
     rounds, one after another within a round (the order reversed every other
     round), and each statement shows its median over the rounds with the
     min..max: compare neighbours within the table, not across runs."""
-    latencies = {}  # (name, statement) -> [µs], in the scripts' order
+    latencies = {}  # (name, statement) -> [µs]; round 0 runs in PER_CALL's order, which the table keeps
     for round_ in range(PER_CALL_ROUNDS):
         for name, script, rows in (PER_CALL if round_ % 2 == 0 else PER_CALL[::-1]):
             if rows:
@@ -196,8 +196,7 @@ def per_call():
                     key = (name, m.group(2).strip()[:90])
                     latencies.setdefault(key, []).append(float(m.group(1)) * 1000)
     lines = [f"| script | statement | µs, median of {PER_CALL_ROUNDS} rounds (min..max) |", "|---|---|---:|"]
-    order = {name: i for i, (name, _, _) in enumerate(PER_CALL)}
-    for (name, stmt), xs in sorted(latencies.items(), key=lambda kv: order[kv[0][0]]):
+    for (name, stmt), xs in latencies.items():
         lines.append(f"| {name} | `{stmt}` | {statistics.median(xs):.0f} ({min(xs):.0f}..{max(xs):.0f}) |")
     return "\n".join(lines)
 
