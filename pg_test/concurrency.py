@@ -385,6 +385,48 @@ def test_a_late_commit_below_the_floor_is_taken_within_seconds():
     print(f"     late-row taken {result['late-row'] - committed:.2f} s after its commit")
 
 
+def test_a_commit_within_100_ms_of_its_now_is_taken_in_order_by_a_busy_worker():
+    """A floor never passes a row whose write commits within 100 ms of its
+    visible_at: a schedule for now() that commits 50 ms later, into a queue a
+    worker keeps taking from (its floor moving past that now() meanwhile), is
+    the very next row the worker takes once it is committed: every row
+    ready then is newer. A floor set at the row taken, with no room below it,
+    fails this: the row is left to a scan from the start."""
+    ready.clear()
+    takes = []  # (monotonic time the take was sent, workflow)
+    stop = threading.Event()
+
+    def worker():
+        with connect() as c:
+            c.execute("DELETE FROM sturdy.queue WHERE queue = 'in-order'")
+            c.execute("SELECT sturdy.schedule('b-' || i, now(), 'in-order') FROM generate_series(1, 20) i")
+            ready.set()
+            i, end = 0, time.monotonic() + 10
+            while not stop.is_set() and time.monotonic() < end:
+                i += 1
+                c.execute("SELECT sturdy.schedule(%s, now(), 'in-order')", (f"n-{i}",))
+                sent = time.monotonic()
+                for workflow, receipt in c.execute("SELECT workflow, receipt FROM sturdy.take('in-order')"):
+                    c.execute("SELECT sturdy.done(%s, %s, 'in-order')", (workflow, receipt))
+                    takes.append((sent, workflow))
+                    if workflow == "late":
+                        stop.set()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    ready.wait(5)
+    time.sleep(0.2)
+    with connect(autocommit=False) as a:
+        a.execute("SELECT sturdy.schedule('late', now(), 'in-order')")
+        time.sleep(0.05)
+        a.commit()
+        committed = time.monotonic()
+    thread.join()
+    after = [w for sent, w in takes if sent > committed]
+    assert after, "the worker took nothing after the commit"
+    assert after[0] == "late", f"taken after the commit, in order: {after[:5]}"
+
+
 def test_a_row_whose_take_rolled_back_is_taken_again_within_seconds():
     """A take in a transaction that rolls back puts its row back with its old
     visible_at, below the floor of a worker busy with newer rows: that worker

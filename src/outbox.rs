@@ -569,9 +569,10 @@ impl Pump {
 /// at the end (bench/README.md). So, as `take` does for its queues, each
 /// backend keeps a floor and scans from there, and [`crate::rescan`] says
 /// when it scans from the start instead. The floor is the oldest head its
-/// last call found, exactly when that was due more than [`SLACK`](crate::rescan::SLACK) ago (a
-/// backlog: whatever is below it is settled, or held by another pump), else
-/// `SLACK` earlier (room for emits committing a little after they began).
+/// last call found (whatever is below it is settled, or held by another
+/// pump), or [`SLACK`](crate::rescan::SLACK) before that call's transaction
+/// began where that is lower (room for emits committing a little after they
+/// began: [`crate::rescan::floor_after`]).
 ///
 /// A delivery is due below the floor only when written there: an emit or a
 /// `redrive` committed more than `SLACK` after its transaction began, a head

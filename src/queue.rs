@@ -664,10 +664,10 @@ fn schedule(
 /// within two minutes (bench/README.md, the soak).
 ///
 /// So each backend keeps, per queue, a floor: the place in (`visible_at`,
-/// `seq`) order of the oldest row its last take found when that row was
-/// ready more than [`SLACK`](crate::rescan::SLACK) ago (a backlog: every
-/// entry before it is of a row taken, or held by another take), else `SLACK`
-/// below its `visible_at`; its next take scans from there. Since `seq` makes
+/// `seq`) order of the oldest row its last take found (every entry before it
+/// is of a row taken, or held by another take), or
+/// [`SLACK`](crate::rescan::SLACK) before that take's transaction began
+/// where that is lower ([`floor_after`]); its next take scans from there. Since `seq` makes
 /// every place in the index distinct, a take never walks the entries of a
 /// drained batch scheduled with one `visible_at`, however long it was. A row
 /// can be ready below the floor only by being written there: a past-dated
@@ -1053,10 +1053,10 @@ fn take(
     Ok(())
 }
 
-/// Keep the queue's floor after a take: `SLACK` below the oldest row it took
-/// (after a scan from the start, which holds for `generation`; never lower
-/// than the floor after one from the floor), or now when a scan from the
-/// start found nothing.
+/// Keep the queue's floor after a take: the oldest row it took, or `SLACK`
+/// before its transaction began where that is lower ([`floor_after`]; after
+/// a scan from the start, which holds for `generation`; never lower than the
+/// floor after one from the floor).
 fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Option<i64>) {
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
@@ -1653,6 +1653,43 @@ mod tests {
         assert_eq!(
             one::<i64>("SELECT count(*) FROM sturdy.take('at-once')"),
             Some(0)
+        );
+    }
+
+    /// After a take of a recent row the floor is `SLACK` (100 ms) before the
+    /// take's transaction began, not `SLACK` below the row: a row written
+    /// behind take's back 120 ms before now, under rows of the last 50 ms, is
+    /// not walked by the next take from the floor (a floor 100 ms below the
+    /// row taken would have found it), and a take that comes up short finds
+    /// it from the start.
+    #[pg_test]
+    fn after_a_recent_row_the_floor_is_slack_before_the_transaction() {
+        let take = |max: i32| {
+            one::<String>(&format!(
+                "SELECT string_agg(workflow, ',' ORDER BY receipt, workflow)
+                   FROM sturdy.take('recent-floor', max => {max})"
+            ))
+        };
+        Spi::run(
+            "SELECT sturdy.schedule('r' || i, now() - (60 - 10 * i) * interval '1 millisecond', 'recent-floor')
+               FROM generate_series(1, 3) i",
+        )
+        .unwrap();
+        assert_eq!(take(1).as_deref(), Some("r1"), "from the start");
+        Spi::run(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
+             VALUES ('recent-floor', 'hidden', now() - interval '120 milliseconds', now())",
+        )
+        .unwrap();
+        assert_eq!(
+            take(1).as_deref(),
+            Some("r2"),
+            "from the floor, above 'hidden'"
+        );
+        assert_eq!(
+            take(10).as_deref(),
+            Some("hidden,r3"),
+            "short: from the start"
         );
     }
 

@@ -4,8 +4,9 @@
 //! `next_attempt_at`) whose front fills with the entries of rows already
 //! handed out: deleted or updated versions that vacuum has not removed yet,
 //! or cannot while a snapshot older than them lives. A scan from the start
-//! walks all of them, every call. So each backend keeps a floor, [`SLACK`]
-//! below the oldest row its last scan found, and scans from there; rows that
+//! walks all of them, every call. So each backend keeps a floor, the oldest
+//! row its last scan found or [`SLACK`] before that scan's transaction began,
+//! whichever is lower, and scans from there; rows that
 //! are due below the floor (a write committed late, a lock released by a
 //! rollback) are found by a scan from the start, which each caller runs when
 //! it comes up short and at least every `max(1 s, 100 × c)`, where `c` is
@@ -48,16 +49,23 @@ pub fn time_param(t: pg_sys::TimestampTz) -> TimestampWithTimeZone {
 }
 
 /// The floor after a scan whose oldest row was at `oldest` (or that found
-/// nothing, `None`), at transaction time `now`: that row itself when it was
-/// due more than [`SLACK`] ago (a backlog: whatever is below it has been
-/// handed out, or is held by another scan), else `SLACK` below its time (or
-/// below `now`), room for writes committing a little after they began.
+/// nothing, `None`), in a transaction that began at `now`: that row, or
+/// [`SLACK`] before `now` where that is lower. A row the scan could not see
+/// commits after the scan's snapshot, so after `now`; one whose write commits
+/// within `SLACK` of its time (what the floors promise to keep in order) has
+/// a time after `now - SLACK`. Everything below the floor was seen, and
+/// handed out or held by another scan.
+///
+/// (`SLACK` below the row found, as the floor was, kept the same promise
+/// from further down: in a queue taken within `SLACK` of its writes each
+/// take walked the index entries of a whole `SLACK` of rows already done,
+/// which without the flush cannot be marked dead before the WAL writer has
+/// flushed their commits.)
 pub fn floor_after(oldest: Option<Position>, now: pg_sys::TimestampTz) -> Position {
-    let recent = |t: pg_sys::TimestampTz| (t.saturating_sub(SLACK), i64::MIN);
+    let recent = (now.saturating_sub(SLACK), i64::MIN);
     match oldest {
-        Some((t, tiebreak)) if t <= now.saturating_sub(SLACK) => (t, tiebreak),
-        Some((t, _)) => recent(t),
-        None => recent(now),
+        Some(found) => found.min(recent),
+        None => recent,
     }
 }
 
@@ -131,15 +139,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_floor_is_exact_under_a_backlog_and_slack_below_recent_rows() {
+    fn a_floor_is_exact_under_a_backlog_and_slack_before_the_transaction_above_it() {
         let now = 10_000_000;
         assert_eq!(
             floor_after(Some((now - 200_000, 7)), now),
             (now - 200_000, 7)
         );
+        // a recent row: SLACK before the transaction, not below the row
         assert_eq!(
             floor_after(Some((now - 50_000, 7)), now),
-            (now - 150_000, i64::MIN)
+            (now - SLACK, i64::MIN)
+        );
+        assert_eq!(
+            floor_after(Some((now - SLACK, 7)), now),
+            (now - SLACK, i64::MIN)
         );
         assert_eq!(floor_after(None, now), (now - SLACK, i64::MIN));
     }
