@@ -8,6 +8,7 @@
 //! - `fmgr`: how Postgres calls us and how errors leave with their SQLSTATE;
 //! - `plan`: statements prepared once per backend, set-returning results;
 //! - `access`: the queue's hot rows read and written through the access methods, without a statement;
+//! - `activity`: how early a transaction running now can have begun, from the server's activity table;
 //! - `sequence`: reading a sequence of ours without a statement;
 //! - `heads`: the furthest floor each queue's takes reached, shared by all backends;
 //! - `subxact`: subtransactions and calling a caller's function.
@@ -23,6 +24,8 @@
 
 #[allow(unsafe_code)]
 pub mod access;
+#[allow(unsafe_code)]
+pub mod activity;
 pub mod args;
 #[allow(unsafe_code)]
 pub mod datum;

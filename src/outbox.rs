@@ -570,9 +570,10 @@ impl Pump {
 /// backend keeps a floor and scans from there, and [`crate::rescan`] says
 /// when it scans from the start instead. The floor is the oldest head its
 /// last call found (whatever is below it is settled, or held by another
-/// pump), or [`SLACK`](crate::rescan::SLACK) before that call's transaction
-/// began where that is lower (room for emits committing a little after they
-/// began: [`crate::rescan::floor_after`]).
+/// pump), or lower where an emit still to commit may write below it (the
+/// later of [`SLACK`](crate::rescan::SLACK) before that call's transaction
+/// began and the oldest running transaction's start:
+/// [`crate::rescan::floor_after`]).
 ///
 /// A delivery is due below the floor only when written there: an emit or a
 /// `redrive` committed more than `SLACK` after its transaction began, a head
@@ -629,7 +630,11 @@ fn due_heads(max: i32) -> Result<Vec<Due>> {
         _ => (heads_in(max, START, END)?, Some(start.elapsed())),
     };
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-    let found = floor_after(heads.iter().map(|d| (d.due_at, d.id)).min(), now);
+    let found = floor_after(
+        heads.iter().map(|d| (d.due_at, d.id)).min(),
+        now,
+        crate::activity::running_since(),
+    );
     let kept = match (floor, full) {
         (Some(mut f), None) => {
             if !heads.is_empty() {

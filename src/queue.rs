@@ -665,9 +665,10 @@ fn schedule(
 ///
 /// So each backend keeps, per queue, a floor: the place in (`visible_at`,
 /// `seq`) order of the oldest row its last take found (every entry before it
-/// is of a row taken, or held by another take), or
-/// [`SLACK`](crate::rescan::SLACK) before that take's transaction began
-/// where that is lower ([`floor_after`]); its next take scans from there. Since `seq` makes
+/// is of a row taken, or held by another take), or where that is lower the
+/// later of [`SLACK`](crate::rescan::SLACK) before that take's transaction
+/// began and the oldest running transaction's start ([`floor_after`]); its
+/// next take scans from there. Since `seq` makes
 /// every place in the index distinct, a take never walks the entries of a
 /// drained batch scheduled with one `visible_at`, however long it was. A row
 /// can be ready below the floor only by being written there: a past-dated
@@ -1053,15 +1054,15 @@ fn take(
     Ok(())
 }
 
-/// Keep the queue's floor after a take: the oldest row it took, or `SLACK`
-/// before its transaction began where that is lower ([`floor_after`]; after
+/// Keep the queue's floor after a take: the oldest row it took, or lower
+/// where a transaction still to commit may write below it ([`floor_after`]; after
 /// a scan from the start, which holds for `generation`; never lower than the
 /// floor after one from the floor).
 fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Option<i64>) {
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
         let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-        let found = floor_after(taken.oldest, now);
+        let found = floor_after(taken.oldest, now, crate::activity::running_since());
         match (floors.get_mut(queue.bytes()), full) {
             (Some(fl), None) => {
                 if taken.oldest.is_some() {
@@ -1656,41 +1657,56 @@ mod tests {
         );
     }
 
-    /// After a take of a recent row the floor is `SLACK` (100 ms) before the
-    /// take's transaction began, not `SLACK` below the row: a row written
-    /// behind take's back 120 ms before now, under rows of the last 50 ms, is
-    /// not walked by the next take from the floor (a floor 100 ms below the
-    /// row taken would have found it), and a take that comes up short finds
-    /// it from the start.
-    #[pg_test]
-    fn after_a_recent_row_the_floor_is_slack_before_the_transaction() {
+    /// Rows of the last 50 ms, and one written behind take's back 70 ms
+    /// before now: a take gets the first, then the floor sits at it (every
+    /// transaction running began after it: `activity`), so the next take
+    /// from the floor does not walk down to the hidden row, and one that
+    /// comes up short finds it from the start. Where transaction starts are
+    /// not reported (`track_activities` off) the floor is `SLACK` (100 ms)
+    /// before the transaction, below the hidden row, and the next take gets
+    /// it.
+    fn recent_floor(queue: &str) -> (Option<String>, Option<String>, Option<String>) {
         let take = |max: i32| {
             one::<String>(&format!(
                 "SELECT string_agg(workflow, ',' ORDER BY receipt, workflow)
-                   FROM sturdy.take('recent-floor', max => {max})"
+                   FROM sturdy.take('{queue}', max => {max})"
             ))
         };
-        Spi::run(
-            "SELECT sturdy.schedule('r' || i, now() - (60 - 10 * i) * interval '1 millisecond', 'recent-floor')
-               FROM generate_series(1, 3) i",
-        )
+        Spi::run(&format!(
+            "SELECT sturdy.schedule('r' || i, now() - (60 - 10 * i) * interval '1 millisecond', '{queue}')
+               FROM generate_series(1, 3) i"
+        ))
         .unwrap();
-        assert_eq!(take(1).as_deref(), Some("r1"), "from the start");
-        Spi::run(
+        let first = take(1);
+        Spi::run(&format!(
             "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)
-             VALUES ('recent-floor', 'hidden', now() - interval '120 milliseconds', now())",
-        )
+             VALUES ('{queue}', 'hidden', now() - interval '70 milliseconds', now())"
+        ))
         .unwrap();
+        (first, take(1), take(10))
+    }
+
+    #[pg_test]
+    fn after_a_recent_row_the_floor_is_that_row_when_no_transaction_began_before_it() {
+        // past the last sample of transaction starts this backend may keep
+        Spi::run("SELECT pg_sleep(0.03)").unwrap();
+        let (first, next, rest) = recent_floor("recent-floor");
+        assert_eq!(first.as_deref(), Some("r1"), "from the start");
         assert_eq!(
-            take(1).as_deref(),
+            next.as_deref(),
             Some("r2"),
             "from the floor, above 'hidden'"
         );
-        assert_eq!(
-            take(10).as_deref(),
-            Some("hidden,r3"),
-            "short: from the start"
-        );
+        assert_eq!(rest.as_deref(), Some("hidden,r3"), "short: from the start");
+    }
+
+    #[pg_test]
+    fn without_transaction_starts_the_floor_is_slack_before_the_transaction() {
+        Spi::run("SET LOCAL track_activities = off").unwrap();
+        let (first, next, rest) = recent_floor("slack-floor");
+        assert_eq!(first.as_deref(), Some("r1"), "from the start");
+        assert_eq!(next.as_deref(), Some("hidden"), "from SLACK before now()");
+        assert_eq!(rest.as_deref(), Some("r2,r3"));
     }
 
     #[pg_test]

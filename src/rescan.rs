@@ -5,8 +5,9 @@
 //! handed out: deleted or updated versions that vacuum has not removed yet,
 //! or cannot while a snapshot older than them lives. A scan from the start
 //! walks all of them, every call. So each backend keeps a floor, the oldest
-//! row its last scan found or [`SLACK`] before that scan's transaction began,
-//! whichever is lower, and scans from there; rows that
+//! row its last scan found or, where that is lower, the later of [`SLACK`]
+//! before that scan's transaction began and the start of the oldest
+//! transaction running ([`floor_after`]), and scans from there; rows that
 //! are due below the floor (a write committed late, a lock released by a
 //! rollback) are found by a scan from the start, which each caller runs when
 //! it comes up short and at least every `max(1 s, 100 × c)`, where `c` is
@@ -49,20 +50,29 @@ pub fn time_param(t: pg_sys::TimestampTz) -> TimestampWithTimeZone {
 }
 
 /// The floor after a scan whose oldest row was at `oldest` (or that found
-/// nothing, `None`), in a transaction that began at `now`: that row, or
-/// [`SLACK`] before `now` where that is lower. A row the scan could not see
-/// commits after the scan's snapshot, so after `now`; one whose write commits
+/// nothing, `None`), in a transaction that began at `now`, when no
+/// transaction running began before `since` ([`crate::activity`]): that row,
+/// or, where that is lower, the later of `since` and [`SLACK`] before `now`.
+/// A row the scan could not see is written by a transaction that had not
+/// committed when the scan began, so after `now`: one whose write commits
 /// within `SLACK` of its time (what the floors promise to keep in order) has
-/// a time after `now - SLACK`. Everything below the floor was seen, and
-/// handed out or held by another scan.
+/// a time after `now - SLACK`, and one no earlier than its transaction's
+/// start (an earlier one is past-dated, which sends scans back to the
+/// start) lies at or after `since`. Everything below the floor was seen,
+/// and handed out or held by another scan.
 ///
 /// (`SLACK` below the row found, as the floor was, kept the same promise
 /// from further down: in a queue taken within `SLACK` of its writes each
 /// take walked the index entries of a whole `SLACK` of rows already done,
 /// which without the flush cannot be marked dead before the WAL writer has
 /// flushed their commits.)
-pub fn floor_after(oldest: Option<Position>, now: pg_sys::TimestampTz) -> Position {
-    let recent = (now.saturating_sub(SLACK), i64::MIN);
+pub fn floor_after(
+    oldest: Option<Position>,
+    now: pg_sys::TimestampTz,
+    since: Option<pg_sys::TimestampTz>,
+) -> Position {
+    let late = now.saturating_sub(SLACK).max(since.unwrap_or(i64::MIN));
+    let recent = (late.min(now), i64::MIN);
     match oldest {
         Some(found) => found.min(recent),
         None => recent,
@@ -142,19 +152,45 @@ mod tests {
     fn a_floor_is_exact_under_a_backlog_and_slack_before_the_transaction_above_it() {
         let now = 10_000_000;
         assert_eq!(
-            floor_after(Some((now - 200_000, 7)), now),
+            floor_after(Some((now - 200_000, 7)), now, None),
             (now - 200_000, 7)
         );
         // a recent row: SLACK before the transaction, not below the row
         assert_eq!(
-            floor_after(Some((now - 50_000, 7)), now),
+            floor_after(Some((now - 50_000, 7)), now, None),
             (now - SLACK, i64::MIN)
         );
         assert_eq!(
-            floor_after(Some((now - SLACK, 7)), now),
+            floor_after(Some((now - SLACK, 7)), now, None),
             (now - SLACK, i64::MIN)
         );
-        assert_eq!(floor_after(None, now), (now - SLACK, i64::MIN));
+        assert_eq!(floor_after(None, now, None), (now - SLACK, i64::MIN));
+    }
+
+    #[test]
+    fn no_transaction_running_before_since_lifts_the_floor_to_since() {
+        let now = 10_000_000;
+        // every transaction running began 20 ms ago or later: the row
+        // found 50 ms ago is the floor itself
+        assert_eq!(
+            floor_after(Some((now - 50_000, 7)), now, Some(now - 20_000)),
+            (now - 50_000, 7)
+        );
+        assert_eq!(
+            floor_after(Some((now - 5_000, 7)), now, Some(now - 20_000)),
+            (now - 20_000, i64::MIN)
+        );
+        assert_eq!(
+            floor_after(None, now, Some(now - 20_000)),
+            (now - 20_000, i64::MIN)
+        );
+        // one began long ago: SLACK, as without `since`
+        assert_eq!(
+            floor_after(Some((now - 50_000, 7)), now, Some(now - 5_000_000)),
+            (now - SLACK, i64::MIN)
+        );
+        // never above the transaction's own start
+        assert_eq!(floor_after(None, now, Some(now + 1_000)), (now, i64::MIN));
     }
 
     #[test]
