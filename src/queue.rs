@@ -1062,15 +1062,16 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
         let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-        let found = floor_after(taken.oldest, now, crate::activity::running_since());
+        // (the activity sample only where a floor is kept)
+        let found = || floor_after(taken.oldest, now, crate::activity::running_since());
         match (floors.get_mut(queue.bytes()), full) {
             (Some(fl), None) => {
                 if taken.oldest.is_some() {
-                    fl.at = fl.at.max(found);
+                    fl.at = fl.at.max(found());
                 }
             }
             (Some(fl), Some(cost)) => {
-                fl.at = found;
+                fl.at = found();
                 fl.generation = generation;
                 fl.rescans.again(cost);
             }
@@ -1081,7 +1082,7 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
                 floors.insert(
                     queue.bytes().to_vec(),
                     Floor {
-                        at: found,
+                        at: found(),
                         generation,
                         rescans: Rescans::first(cost),
                     },
