@@ -408,7 +408,10 @@ def late_commit_in_order(open_elsewhere):
     """The late row's commit must land within 100 ms of its now(), which a
     stalled machine can break (the sleep, the commit's flush): a run whose
     commit came later than that, measured by the server's clock, proves
-    nothing and is run again."""
+    nothing and is run again. A floor at the row taken (no room below it)
+    failed 8 of 8 runs on an idle machine, and 2 of 6 under two CPU burners,
+    where the worker's backlog is often older than the late row and nothing
+    newer gets taken before it commits."""
     for attempt in range(5):
         late_at, lag, takes, scheduled, committed = late_commit_run(open_elsewhere)
         if lag < 0.1:
