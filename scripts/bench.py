@@ -304,6 +304,40 @@ def fmt(xs):
     return f"{statistics.median(xs):,.0f} ({min(xs):,.0f}..{max(xs):,.0f})"
 
 
+def scaling(ceilings):
+    """From the second-largest client count to the largest (4 -> 16 by
+    default), each side's change, and pg_sturdy's change over the ceiling's
+    (the trivial write's): the runs at both counts of one repetition are
+    paired, as the ratios above are. Below 1.00x ours fell more than the
+    commit-rate floor did."""
+    counts = sorted({clients for (_, _, clients), _ in ceilings})
+    if len(counts) < 2:
+        return []
+    lo, hi = counts[-2], counts[-1]
+    by = {key: r for key, r in ceilings}
+    lines = ["", f"From {lo} to {hi} clients: each side's rate at {hi} over its rate at {lo} "
+             "(median of the repetitions), and pg_sturdy's change over the ceiling's within each repetition:", "",
+             "| case | synchronous_commit | pg_sturdy | baseline | ceiling | pg_sturdy's change / the ceiling's |",
+             "|---|---|---:|---:|---:|---:|"]
+    for (case, regime, clients), r in ceilings:
+        low = by.get((case, regime, lo))
+        if clients != hi or not low:
+            continue
+
+        def change(side):
+            rs = [b / a for a, b in zip(low[side], r[side])]
+            return statistics.median(rs) if rs else None
+
+        rel = [(s_hi / s_lo) / (c_hi / c_lo) for s_lo, s_hi, c_lo, c_hi
+               in zip(low["sturdy"], r["sturdy"], low["ceiling"], r["ceiling"])]
+        base = change("base")
+        lines.append(f"| {case.split(':')[0]} | {regime} | {change('sturdy') - 1:+.0%} | "
+                     + (f"{base - 1:+.0%}" if base is not None else "")
+                     + f" | {change('ceiling') - 1:+.0%} | "
+                     f"{statistics.median(rel):.2f}x ({min(rel):.2f}..{max(rel):.2f}) |")
+    return lines
+
+
 def report(results, seq, search_path):
     lines = [
         f"pgbench -M prepared, {SECONDS} s per run, {REPS} runs each (median, min..max), "
@@ -340,6 +374,7 @@ def report(results, seq, search_path):
             base = ratio(r["base"], r["ceiling"]) if r["base"] else ""
             lines.append(f"| {case.split(':')[0]} | {regime} | {clients} | {fmt(r['ceiling'])} | "
                          f"{ratio(r['sturdy'], r['ceiling'])} | {base} |")
+        lines += scaling(ceilings)
     lines += ["", "Sequential scans on hot tables during the runs: "
               + ", ".join(f"{t} {n}" for t, n in seq.items()), "", search_path]
     text = "\n".join(lines)
