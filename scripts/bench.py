@@ -11,6 +11,11 @@ Every case runs in both commit regimes, side by side: synchronous_commit on
 (the disk's flush sets the pace) and off (the CPU does: what a server with a
 fast disk or heavy group commit sees).
 
+The job cycle runs two more sides: the trivial write, a third of whose rate
+is the ceiling of any cycle of three commits, and the same cycle with a
+queue per client, which tells what the takers meeting at one queue's head
+cost from how the cycle itself scales with clients.
+
 The batch case compares with pgmq 1.5.1, loaded from its SQL script into a
 database of its own. The script is read from PGMQ_SQL, or from a pgmq
 checkout at PGMQ_REPO (tag v1.5.1); without either, that column is skipped.
@@ -78,7 +83,9 @@ CASES = [
          sturdy="bench/sturdy_cycle.sql", base="bench/plain_cycle.sql", before=backlog(1000, "cycle"),
          # three commits a cycle on both sides, each one that DESIGN.md's
          # Reliability needs durable: a third of the commit-rate floor bounds both
-         ceiling=("bench/trivial_write.sql", 3)),
+         ceiling=("bench/trivial_write.sql", 3),
+         # the same cycle with a queue per client: what meeting at one head costs
+         own="bench/sturdy_cycle_own_queue.sql"),
     dict(name="start vs trivial write, transactions/s", sturdy="bench/sturdy_start.sql",
          base="bench/trivial_write.sql"),
     dict(name="start with an idempotency key vs trivial write, transactions/s",
@@ -124,6 +131,16 @@ def setup_pgmq():
                    check=True, capture_output=True)
     psql("SELECT pgmq.create('bench')", "pgmq")
     return True
+
+
+def own_queues_backlog(clients, n=200):
+    """SQL that tops each client's own queue ('cq0' ... as pgbench numbers
+    its clients) up to n ready rows."""
+    return ("INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
+            "SELECT 'cq' || c, 'q-' || gen_random_uuid(), now() - interval '1 second', now() "
+            f"FROM generate_series(0, {clients - 1}) c CROSS JOIN LATERAL generate_series(1, greatest(0, {n} - "
+            "(SELECT count(*) FROM sturdy.queue WHERE queue = 'cq' || c AND visible_at <= now() "
+            "AND (leased_until IS NULL OR leased_until <= now())))); ANALYZE sturdy.queue")
 
 
 def pgmq_backlog():
@@ -275,13 +292,17 @@ def main():
                                           case.get("base_db", "postgres")))
                         if case.get("wrapper"):
                             order.append(("wrapper", case["wrapper"], case.get("base_per", 1), "postgres"))
+                        if case.get("own"):
+                            order.append(("own", case["own"], 1, "postgres"))
                         if case.get("ceiling"):
                             script, commits = case["ceiling"]
                             order.append(("ceiling", script, 1 / commits, "postgres"))
                         if rep % 2:
                             order.reverse()
                         for side, script, per, db in order:
-                            if case.get("before"):
+                            if side == "own":
+                                psql(own_queues_backlog(clients))
+                            elif case.get("before"):
                                 psql(case["before"])
                             if side == "base" and case.get("before_base") == "pgmq":
                                 psql(pgmq_backlog(), "pgmq")
@@ -289,7 +310,7 @@ def main():
                             rate = pgbench(script, clients, db, regime) * per
                             after = seq_scans()
                             results.setdefault((case["name"], regime, clients),
-                                               {"sturdy": [], "base": [], "wrapper": [], "ceiling": []}
+                                               {"sturdy": [], "base": [], "wrapper": [], "ceiling": [], "own": []}
                                                )[side].append(rate)
                             for t in HOT:
                                 seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
@@ -316,9 +337,11 @@ def scaling(ceilings):
     lo, hi = counts[-2], counts[-1]
     by = {key: r for key, r in ceilings}
     lines = ["", f"From {lo} to {hi} clients: each side's rate at {hi} over its rate at {lo} "
-             "(median of the repetitions), and pg_sturdy's change over the ceiling's within each repetition:", "",
-             "| case | synchronous_commit | pg_sturdy | baseline | ceiling | pg_sturdy's change / the ceiling's |",
-             "|---|---|---:|---:|---:|---:|"]
+             "(median of the repetitions), and pg_sturdy's change (one queue; a queue per client) over the",
+             "ceiling's within each repetition:", "",
+             "| case | synchronous_commit | pg_sturdy | baseline | a queue per client | ceiling "
+             "| pg_sturdy's change / the ceiling's | a queue per client's / the ceiling's |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for (case, regime, clients), r in ceilings:
         low = by.get((case, regime, lo))
         if clients != hi or not low:
@@ -326,15 +349,15 @@ def scaling(ceilings):
 
         def change(side):
             rs = [b / a for a, b in zip(low[side], r[side])]
-            return statistics.median(rs) if rs else None
+            return f"{statistics.median(rs) - 1:+.0%}" if rs else ""
 
-        rel = [(s_hi / s_lo) / (c_hi / c_lo) for s_lo, s_hi, c_lo, c_hi
-               in zip(low["sturdy"], r["sturdy"], low["ceiling"], r["ceiling"])]
-        base = change("base")
-        lines.append(f"| {case.split(':')[0]} | {regime} | {change('sturdy') - 1:+.0%} | "
-                     + (f"{base - 1:+.0%}" if base is not None else "")
-                     + f" | {change('ceiling') - 1:+.0%} | "
-                     f"{statistics.median(rel):.2f}x ({min(rel):.2f}..{max(rel):.2f}) |")
+        def over_ceiling(side):
+            rel = [(s_hi / s_lo) / (c_hi / c_lo) for s_lo, s_hi, c_lo, c_hi
+                   in zip(low[side], r[side], low["ceiling"], r["ceiling"])]
+            return f"{statistics.median(rel):.2f}x ({min(rel):.2f}..{max(rel):.2f})" if rel else ""
+
+        lines.append(f"| {case.split(':')[0]} | {regime} | {change('sturdy')} | {change('base')} | "
+                     f"{change('own')} | {change('ceiling')} | {over_ceiling('sturdy')} | {over_ceiling('own')} |")
     return lines
 
 
@@ -366,14 +389,18 @@ def report(results, seq, search_path):
     ceilings = [(key, r) for key, r in results.items() if r["ceiling"]]
     if ceilings:
         lines += ["", "Against the ceiling of the case's commits: the trivial write's transactions/s divided by",
-                  "the commits a cycle makes (three for the job cycle), run beside the two sides in each",
-                  "repetition; each side as a share of it (median of the repetitions' shares):", "",
-                  "| case | synchronous_commit | clients | ceiling | pg_sturdy / ceiling | baseline / ceiling |",
-                  "|---|---|---:|---:|---:|---:|"]
+                  "the commits a cycle makes (three for the job cycle), run beside the other sides in each",
+                  "repetition; each side as a share of it (median of the repetitions' shares). The last",
+                  "column is pg_sturdy's cycle with a queue per client, where no two clients meet at one",
+                  "queue's head:", "",
+                  "| case | synchronous_commit | clients | ceiling | pg_sturdy / ceiling | baseline / ceiling "
+                  "| a queue per client / ceiling |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
         for (case, regime, clients), r in ceilings:
             base = ratio(r["base"], r["ceiling"]) if r["base"] else ""
+            own = ratio(r["own"], r["ceiling"]) if r["own"] else ""
             lines.append(f"| {case.split(':')[0]} | {regime} | {clients} | {fmt(r['ceiling'])} | "
-                         f"{ratio(r['sturdy'], r['ceiling'])} | {base} |")
+                         f"{ratio(r['sturdy'], r['ceiling'])} | {base} | {own} |")
         lines += scaling(ceilings)
     lines += ["", "Sequential scans on hot tables during the runs: "
               + ", ".join(f"{t} {n}" for t, n in seq.items()), "", search_path]
