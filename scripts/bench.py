@@ -329,8 +329,8 @@ def scaling(ceilings):
     """From the second-largest client count to the largest (4 -> 16 by
     default), each side's change, and pg_sturdy's change over the ceiling's
     (the trivial write's): the runs at both counts of one repetition are
-    paired, as the ratios above are. Below 1.00x ours fell more than the
-    commit-rate floor did."""
+    paired, as the ratios above are. Below 1.00x ours fell further, or rose
+    less, than the commit-rate floor did."""
     counts = sorted({clients for (_, _, clients), _ in ceilings})
     if len(counts) < 2:
         return []
