@@ -412,7 +412,7 @@ def late_commit_in_order(open_elsewhere):
     failed 8 of 8 runs on an idle machine, and 2 of 6 under two CPU burners,
     where the worker's backlog is often older than the late row and nothing
     newer gets taken before it commits."""
-    for attempt in range(5):
+    for _ in range(5):
         late_at, lag, takes, scheduled, committed = late_commit_run(open_elsewhere)
         if lag < 0.1:
             break
