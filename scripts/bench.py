@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+import installed_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(ROOT, "target", "bench")
 PORT = os.environ.get("BENCH_PORT", "55435")
@@ -255,6 +257,7 @@ def sweep_rate():
 
 
 def main():
+    installed_build.require_release(PG_CONFIG)
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min",
                     # as the README advises (on 15 the takes' shared floors need it)

@@ -21,6 +21,8 @@ import time
 
 import psycopg
 
+import installed_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(ROOT, "target", "bench_batch")
 PORT = os.environ.get("BENCH_BATCH_PORT", "55437")
@@ -111,6 +113,7 @@ def aflib(c):
 
 
 def main():
+    installed_build.require_release(PG_CONFIG)
     cluster("start", PORT, "shared_buffers = 512MB", "max_wal_size = 8GB", "checkpoint_timeout = 30min")
     try:
         with psycopg.connect(DSN, autocommit=True) as c:

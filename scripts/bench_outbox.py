@@ -32,6 +32,8 @@ import time
 
 import psycopg
 
+import installed_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(ROOT, "target", "bench_outbox")
 PORT = os.environ.get("BENCH_OUTBOX_PORT", "55436")
@@ -223,6 +225,7 @@ def run_aflib(c, sub):
 
 
 def main():
+    installed_build.require_release(PG_CONFIG)
     cluster("start", PORT, "shared_buffers = 512MB", "max_wal_size = 4GB")
     try:
         with psycopg.connect(DSN, autocommit=True) as c:

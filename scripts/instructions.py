@@ -40,6 +40,8 @@ import re
 import subprocess
 import sys
 
+import installed_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.environ.get("INSTR_DIR", "/tmp/pg_sturdy_instructions")
 PORT = os.environ.get("INSTR_PORT", "55436")
@@ -240,6 +242,7 @@ def instructions(name, statements):
 
 
 def main():
+    installed_build.require_release(PG_CONFIG)
     cluster = os.path.join(DIR, "cluster")
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, PORT], check=True)
     try:

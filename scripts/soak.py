@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+import installed_build
+
 import psycopg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -234,6 +236,7 @@ def plot(results):
 
 
 def main():
+    installed_build.require_release(PG_CONFIG)
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "max_connections = 60", "log_autovacuum_min_duration = 0", "checkpoint_timeout = '5min'",
                     "max_wal_size = '4GB'",
