@@ -1144,6 +1144,54 @@ def test_racing_schedules_of_one_new_key_make_one_row_and_never_fail():
     assert inserted > 500, inserted
 
 
+def test_a_schedule_inserting_first_waits_for_the_key_another_is_inserting():
+    """Among new keys a backend's schedule inserts before it looks (at most
+    four of its last 32 upserts found a row: access.rs, FOUND_AT_MOST; a new
+    connection starts looking first, so 30 new keys come first). Where another
+    transaction is inserting the same key, the primary key's check reports
+    the conflict without waiting; the schedule then takes its row back and
+    looks, which waits for the other to end, as ON CONFLICT does: it updates
+    the committed row, or, the other rolled back, inserts its own. Never a
+    second row, never an error."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'blind'")
+    for outcome in ("COMMIT", "ROLLBACK"):
+        with connect() as a, connect(autocommit=False) as b:
+            pid = a.execute("SELECT pg_backend_pid()").fetchone()[0]
+            for i in range(30):
+                a.execute("SELECT sturdy.schedule(%s, now(), 'blind')", (f"run-{outcome}-{i}",))
+            key = f"raced-{outcome}"
+            b.execute("SELECT sturdy.schedule(%s, now() + interval '1 hour', 'blind')", (key,))
+            errors = []
+
+            def schedule():
+                try:
+                    a.execute("SELECT sturdy.schedule(%s, now() + interval '2 hours', 'blind')", (key,))
+                except Exception as e:  # reported by the main thread
+                    errors.append(e)
+
+            t = threading.Thread(target=schedule)
+            t.start()
+            waited = False
+            with connect() as watch:
+                for _ in range(100):
+                    waited = watch.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                           (pid,)).fetchone()[0]
+                    if waited:
+                        break
+                    time.sleep(0.02)
+            b.execute(outcome)
+            t.join()
+            assert not errors, errors
+            assert waited, f"{outcome}: the schedule did not wait for the other's insert"
+            with connect() as c:
+                rows = c.execute("SELECT count(*), min(visible_at - now()) > interval '90 minutes'"
+                                 " FROM sturdy.queue WHERE queue = 'blind' AND workflow = %s", (key,)).fetchone()
+            assert rows == (1, True), f"{outcome}: {rows} (one row, at two hours)"
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'blind'")
+
+
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     passed = failed = 0

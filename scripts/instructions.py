@@ -31,6 +31,14 @@ few hundred calls, a different share of each run, so both runs of both sides
 start with one call and a pause past it (WARMUP), and the counted calls are
 the ones a server sees after its first second.
 
+`schedule`, `claim` and `record` work on new keys, and a backend whose
+upserts into a table have seldom found a row inserts before it looks
+(access.rs, FOUND_AT_MOST). Two more cases count the other side of that
+bet: every `schedule` onto a row already there (the backend looks first
+throughout), and one call in nine onto a row there among new keys (the
+backend inserts first and, for the row there, pays a row inserted and taken
+back).
+
   scripts/instructions.py      (via `make instructions`; PG=18 for the other version)
   INSTR_CASES=3,7              (only these calls, 1-based as listed in CASES, for an A/B of one
                                change; keep the calls a case works on: done needs schedule's rows)
@@ -56,6 +64,7 @@ BACKLOG = 1500  # rows BEFORE schedules for the batch and the pass
 # EXECUTE's place in its run, from 1). In this
 # order: each call works on what the ones before it left (claims to record
 # under, rows to take and finish).
+RESCHEDULE, MIX = "schedule onto its row", "schedule, one in nine onto its row"
 CASES = [
     ("claim",
      ("PREPARE q(text) AS SELECT sturdy.claim($1, '1 minute');", "EXECUTE q('i-{i}');"),
@@ -136,7 +145,32 @@ CASES = [
      ("PREPARE q(text) AS DELETE FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1 "
       "AND visible_at = (SELECT visible_at FROM seed.workflow_queue WHERE namespace = 'instr' AND workflow = $1);",
       "EXECUTE q('j-{i}');")),
+    # schedule onto a row there (BEFORE makes r-0 ... of queue 'resched'),
+    # every call, and one call in nine among new keys: a backend whose last
+    # upserts into a table seldom found a row inserts before it looks
+    # (access.rs, FOUND_AT_MOST), so a row among new keys costs an insert
+    # taken back
+    (RESCHEDULE,
+     ("PREPARE q(text) AS SELECT sturdy.schedule($1, now(), 'resched');", "EXECUTE q('r-{i}');"),
+     ("PREPARE q(text) AS INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
+      "VALUES ('resched', $1, now()) ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = EXCLUDED.visible_at;",
+      "EXECUTE q('r-{i}');")),
+    (MIX,
+     ("PREPARE q(text) AS SELECT sturdy.schedule($1, now(), 'resched');", lambda i, n: one_in_nine(i)),
+     ("PREPARE q(text) AS INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
+      "VALUES ('resched', $1, now()) ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = EXCLUDED.visible_at;",
+      lambda i, n: one_in_nine(i))),
 ]
+
+
+def one_in_nine(i):
+    """The i-th call of the mix: a row there (r-i) every ninth, else a new key."""
+    return f"EXECUTE q('{'r' if i % 9 == 8 else 'm'}-{i}');"
+
+
+def line(execute, i, n):
+    """The i-th EXECUTE of a case (`n`: its place in the run, from 1)."""
+    return execute(i, n) if callable(execute) else execute.format(i=i, n=n)
 
 
 # What a call's large run must have left, per side: a call that did not do
@@ -168,6 +202,7 @@ def rows_left(call, side):
 WARMUP = {"schedule": ["EXECUTE q('warm-0');", "SELECT pg_sleep(1.2);",
                        "DELETE FROM sturdy.queue WHERE workflow = 'warm-0';",
                        "DELETE FROM seed.workflow_queue WHERE workflow = 'warm-0';"]}
+WARMUP[RESCHEDULE] = WARMUP[MIX] = WARMUP["schedule"]
 
 
 def as_pg(cmd, **kw):
@@ -198,6 +233,12 @@ BEFORE = [
     f"SELECT 'pass', 'p-' || i, now() - interval '1 second', now() FROM generate_series(1, {BACKLOG}) i;",
     "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
     f"SELECT 'pass', 'p-' || i, now() - interval '1 second' FROM generate_series(1, {BACKLOG}) i;",
+    "DELETE FROM sturdy.queue WHERE queue = 'resched';",
+    "DELETE FROM seed.workflow_queue WHERE namespace = 'resched';",
+    "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at) "
+    f"SELECT 'resched', 'r-' || i, now() - interval '1 second', now() FROM generate_series(0, {SMALL + LARGE}) i;",
+    "INSERT INTO seed.workflow_queue (namespace, workflow, visible_at) "
+    f"SELECT 'resched', 'r-' || i, now() - interval '1 second' FROM generate_series(0, {SMALL + LARGE}) i;",
     "VACUUM ANALYZE sturdy.queue, seed.workflow_queue, sturdy.claims, sturdy.checkpoints, "
     "seed.workflow_claim, seed.workflow_checkpoint;",
 ]
@@ -267,9 +308,9 @@ def main():
         for side, (prepare, execute) in (("sturdy", ours), ("plain", plain)):
             warmup = WARMUP.get(call, [])
             small = instructions(f"{call}-{side}-small",
-                                 [prepare, *warmup] + [execute.format(i=i, n=i + 1) for i in range(SMALL)])
+                                 [prepare, *warmup] + [line(execute, i, i + 1) for i in range(SMALL)])
             large = instructions(f"{call}-{side}-large",
-                                 [prepare, *warmup] + [execute.format(i=i, n=i - SMALL + 1)
+                                 [prepare, *warmup] + [line(execute, i, i - SMALL + 1)
                                                        for i in range(SMALL, SMALL + LARGE)])
             if call in LEFT and rows_left(call, side) != BACKLOG - LARGE:
                 sys.exit(f"{call} {side}: {rows_left(call, side)} rows left after {LARGE} calls, "

@@ -86,6 +86,30 @@ struct Shape {
     attrs: Vec<Attr>,
     /// Whether the table has `CHECK` constraints.
     checks: bool,
+    /// This backend's last 32 upserts into the table, a bit each (the
+    /// latest lowest): 1 where a row with the key was there. Where few were
+    /// ([`FOUND_AT_MOST`]), the next upsert inserts before it looks (see
+    /// [`Opened::insert`]).
+    found: Cell<u32>,
+}
+
+/// Where at most this many of a backend's last 32 upserts into a table found
+/// a row with their key, the next inserts straight away and looks only if the
+/// primary key reports a conflict: one descent of the key instead of two
+/// (about 13,000 instructions saved, 12% of a `schedule`), where one that
+/// finds a row pays a row inserted and taken back (about 54,000; both counted
+/// with `make instructions`). Inserting first pays from about one row found
+/// in five upserts down; at one in eight (4 of 32) and fewer it saves at
+/// least half of what it could. A table starts as if every upsert had found
+/// its row (looking first, as `ON CONFLICT` does) whenever its shape is
+/// read again.
+const FOUND_AT_MOST: u32 = 4;
+
+#[cfg(any(test, feature = "pg_test"))]
+thread_local! {
+    /// Upserts that inserted before looking, and how many of those met a
+    /// row there: for the tests to see which way a call went.
+    pub static INSERTED_FIRST: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 #[derive(Clone)]
@@ -1239,7 +1263,10 @@ impl Opened {
     /// serializable, as does a row our snapshot cannot see. None found, the
     /// row is inserted speculatively: the primary key's entry is checked
     /// without raising, and where another transaction's entry for the key
-    /// came first, our row is taken back and the look made again.
+    /// came first, our row is taken back and the look made again. Where
+    /// this backend's upserts into the table have seldom found a row, the
+    /// insert comes before the look ([`FOUND_AT_MOST`]), and the look only
+    /// after the primary key reports an entry for the key.
     pub fn upsert(&self, u: &Upsert) -> Result<Option<Upserted>> {
         Ok(self.insert(u, true, None)?.map(|(done, _)| done))
     }
@@ -1322,8 +1349,22 @@ impl Opened {
             let mut snapshot: pg_sys::Snapshot = std::ptr::null_mut();
             let existing = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let mut new: *mut pg_sys::TupleTableSlot = std::ptr::null_mut();
+            // few rows found lately: insert before looking (the insert's
+            // own unique check finds a row there, and then we look)
+            let mut look = shape.found.get().count_ones() > FOUND_AT_MOST;
             let outcome = loop {
-                let Some(mut tid) = conflicting(rel.0, index.0, u.key, existing) else {
+                let found = if look {
+                    conflicting(rel.0, index.0, u.key, existing)
+                } else {
+                    #[cfg(any(test, feature = "pg_test"))]
+                    INSERTED_FIRST.with(|n| n.set((n.get().0 + 1, n.get().1)));
+                    None
+                };
+                // (only the tests' count reads it)
+                #[cfg_attr(not(any(test, feature = "pg_test")), allow(unused_variables))]
+                let blind = !look;
+                look = true;
+                let Some(mut tid) = found else {
                     if let Err(e) = row.fill(shape, u) {
                         break Err(e);
                     }
@@ -1353,7 +1394,12 @@ impl Opened {
                     if first {
                         break Ok((Upserted::Inserted, None));
                     }
-                    // another transaction's row came first: look again
+                    // a row there (another transaction's came first, or
+                    // the insert went in before looking): look
+                    #[cfg(any(test, feature = "pg_test"))]
+                    if blind {
+                        INSERTED_FIRST.with(|n| n.set((n.get().0, n.get().1 + 1)));
+                    }
                     continue;
                 };
                 if snapshot.is_null() {
@@ -1456,6 +1502,10 @@ impl Opened {
             }
             if !snapshot.is_null() {
                 pg_sys::UnregisterSnapshot(snapshot);
+            }
+            if let Ok((done, _)) = &outcome {
+                let found = *done != Upserted::Inserted;
+                shape.found.set(shape.found.get() << 1 | u32::from(found));
             }
             count_served();
             outcome.map(Some)
@@ -2329,6 +2379,7 @@ unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
             pkey,
             attrs,
             checks: !constr.is_null() && (*constr).num_check > 0,
+            found: Cell::new(u32::MAX),
         })
     }
 }

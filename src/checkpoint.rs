@@ -389,6 +389,44 @@ mod tests {
         }
     }
 
+    /// A record that inserts before it looks (among new steps: at most four
+    /// of its backend's last 32 records found a checkpoint, access.rs) and
+    /// meets the step's checkpoint there keeps the first value and hands it
+    /// back whole, as a look would.
+    #[pg_test]
+    fn a_record_among_new_steps_keeps_the_first_value_there() {
+        let blind = || crate::access::INSERTED_FIRST.with(|n| n.get());
+        let big = format!("{{\"pad\": \"{}\"}}", "y".repeat(20_000));
+        Spi::run("SELECT sturdy.claim('rb')").unwrap();
+        let record = |step: &str, value: &str| {
+            text(&format!(
+                "SELECT format('%s %s', md5(recorded::text), first)
+                   FROM sturdy.record('rb', '{step}', '{value}', 1)"
+            ))
+        };
+        let md5 = |value: &str| text(&format!("SELECT md5('{value}'::jsonb::text)")).unwrap();
+        record("s", &big);
+        // 28 new steps: whatever came before, at most four of the last 32 found one
+        for i in 0..28 {
+            assert_eq!(
+                record(&format!("s{i}"), "2"),
+                Some(format!("{} t", md5("2")))
+            );
+        }
+        let (tried, missed) = blind();
+        assert_eq!(
+            record("s", "3"),
+            Some(format!("{} f", md5(&big))),
+            "the first value, toasted, handed back whole"
+        );
+        assert_eq!(
+            blind(),
+            (tried + 1, missed + 1),
+            "inserted first, met the checkpoint"
+        );
+        assert_eq!(count("sturdy.checkpoints WHERE workflow = 'rb'"), 29);
+    }
+
     #[pg_test]
     fn record_is_first_writer_wins_and_says_who_won() {
         Spi::run("SELECT sturdy.claim('r1')").unwrap();

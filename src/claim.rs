@@ -293,6 +293,50 @@ mod tests {
         assert_eq!(owner.as_deref(), Some("b"));
     }
 
+    /// A claim that inserts before it looks (among new workflows: at most
+    /// four of its backend's last 32 claims found a row, access.rs) and meets
+    /// the workflow's row there fences by that row as a look would: a held
+    /// claim is refused, a lapsed one taken with the next token.
+    #[pg_test]
+    fn a_claim_among_new_workflows_still_fences_by_the_row_there() {
+        let blind = || crate::access::INSERTED_FIRST.with(|n| n.get());
+        assert_eq!(one_i64("SELECT sturdy.claim('cf-held', '1 hour')"), Some(1));
+        assert_eq!(
+            one_i64("SELECT sturdy.claim('cf-lapsed', '1 hour')"),
+            Some(1)
+        );
+        Spi::run("UPDATE sturdy.claims SET held_until = now() - interval '1 second' WHERE workflow = 'cf-lapsed'").unwrap();
+        // 28 new ones: whatever came before, at most four of the last 32 found a row
+        for i in 0..28 {
+            assert_eq!(
+                one_i64(&format!("SELECT sturdy.claim('cf-new-{i}')")),
+                Some(1)
+            );
+        }
+        let (tried, missed) = blind();
+        assert_eq!(
+            one_i64("SELECT sturdy.claim('cf-lapsed', '1 hour')"),
+            Some(2)
+        );
+        assert_eq!(
+            blind(),
+            (tried + 1, missed + 1),
+            "inserted first, met the row"
+        );
+        assert_eq!(one_i64("SELECT sturdy.claim('cf-held')"), None);
+        assert_eq!(blind(), (tried + 2, missed + 2));
+        assert_eq!(
+            Spi::get_one::<String>(
+                "SELECT string_agg(workflow || '=' || token, ',' ORDER BY workflow)
+                   FROM sturdy.claims WHERE workflow IN ('cf-held', 'cf-lapsed')"
+            )
+            .unwrap()
+            .as_deref(),
+            Some("cf-held=1,cf-lapsed=2"),
+            "one row each, the tokens a look would have written"
+        );
+    }
+
     /// `claim` through `access` (no statement) and through its statement
     /// where the table asks for more (a trigger): the same tokens, the same
     /// rows, the same refusals; and the same error at the last token.

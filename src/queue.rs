@@ -1972,6 +1972,65 @@ mod tests {
         );
     }
 
+    /// A schedule inserts before it looks (one descent of the primary key)
+    /// once at most four of its backend's last 32 upserts into the queue
+    /// found a row (access.rs, `FOUND_AT_MOST`); where its key's row is there
+    /// after all, the key's check sends it to that row, which it updates as a
+    /// look would have; and enough rows found turn it back to looking first.
+    #[pg_test]
+    fn a_schedule_among_new_keys_inserts_first_and_still_updates_the_row_there() {
+        let blind = || crate::access::INSERTED_FIRST.with(|n| n.get());
+        let schedule = |w: &str, hours: i32| {
+            Spi::run(&format!(
+                "SELECT sturdy.schedule('{w}', now() + interval '{hours} hours', 'blind')"
+            ))
+            .unwrap()
+        };
+        let new_keys = |tag: &str, n: usize| {
+            for i in 0..n {
+                schedule(&format!("b-{tag}-{i}"), 1);
+            }
+        };
+        schedule("b-a", 1);
+        let seq = one::<i64>("SELECT seq FROM sturdy.queue WHERE workflow = 'b-a'");
+        // five rows found in a row: this backend looks first from here
+        for _ in 0..5 {
+            schedule("b-a", 2);
+        }
+        let (tried, missed) = blind();
+        new_keys("look", 28);
+        assert_eq!(
+            blind(),
+            (tried, missed),
+            "while five of the last 32 found a row, each looked first"
+        );
+        new_keys("first", 1);
+        assert_eq!(blind(), (tried + 1, missed), "four of 32: inserted first");
+        for hours in 3..8 {
+            schedule("b-a", hours);
+        }
+        assert_eq!(
+            blind(),
+            (tried + 6, missed + 5),
+            "five inserted first, each met the row there"
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT concat_ws(':', count(*), min(visible_at - now()), min(seq))
+                   FROM sturdy.queue WHERE queue = 'blind' AND workflow = 'b-a'"
+            ),
+            Some(format!("1:07:00:00:{}", seq.unwrap())),
+            "one row, updated in place (its seq kept)"
+        );
+        assert_eq!(count("sturdy.queue WHERE queue = 'blind'"), 30);
+        new_keys("last", 1);
+        assert_eq!(
+            blind(),
+            (tried + 6, missed + 5),
+            "five found again: looks first"
+        );
+    }
+
     #[pg_test]
     fn schedule_upserts_without_a_statement_and_with_one_where_the_table_asks_for_more() {
         let served = crate::access::served;
