@@ -77,6 +77,7 @@ pub fn lease(arg: &'static str, v: Option<Interval>) -> Result<Interval> {
         return Err(Error::NotPositive {
             arg,
             got: v.to_string(),
+            interval: true,
         });
     }
     Ok(v)
@@ -108,6 +109,7 @@ pub fn positive(arg: &'static str, v: Option<i32>) -> Result<i32> {
         n => Err(Error::NotPositive {
             arg,
             got: n.to_string(),
+            interval: false,
         }),
     }
 }

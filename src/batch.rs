@@ -250,7 +250,10 @@ SELECT (SELECT pg_catalog.count(*) FROM updated), (SELECT pg_catalog.count(*) FR
         let sql = self.count_sql();
         Spi::connect(|_| {
             let stmt = fragment::prepare(&sql)?;
-            stmt.execute(&self.values())?;
+            // The count has `pending` alone: the `$n`s only `set_clause` (or
+            // `order_by`) uses are not its parameters.
+            let values = self.values();
+            stmt.execute(&values[..stmt.types.len().min(values.len())])?;
             Ok(plan::last_rows().get::<i64>(0, 1).unwrap_or(0))
         })
     }
@@ -611,6 +614,7 @@ fn batch_start(
         return Err(Error::NotPositive {
             arg: "target_seconds",
             got: t.to_string(),
+            interval: false,
         });
     }
     // the statements must prepare (columns exist, types fit) before the job is kept
@@ -846,6 +850,19 @@ mod tests {
             chunk("'status = $1', 'status = $2', ARRAY['x', 'planned'' OR true --'], 1000"),
             "0 0 t"
         );
+        // a $n only the set clause uses: the count of pending rows, which
+        // has the predicate alone, is not handed it
+        assert_eq!(
+            chunk("'period = $1', 'status = ''planned'' AND period = 2', ARRAY['40'], 5"),
+            "5 10 f"
+        );
+        assert_eq!(count("public.receipts WHERE period = 40"), 5);
+        // and a value no fragment uses is bound to nothing
+        assert_eq!(
+            chunk("'status = ''done''', 'status = ''planned'' AND period = 4', ARRAY['x'], 1000"),
+            "14 0 t"
+        );
+        assert_eq!(count("public.receipts WHERE status = 'done'"), 14);
     }
 
     #[pg_test]
@@ -1000,7 +1017,25 @@ mod tests {
                 "22023",
             ),
             (
+                format!(
+                    "SELECT * FROM sturdy.batch({t}, 'status = ''x''', 'true; DELETE FROM public.receipts')"
+                ),
+                "22023",
+            ),
+            // closes our parenthesis: inside it, OR would take the chunk's
+            // own conditions out of their AND
+            (
+                format!(
+                    "SELECT * FROM sturdy.batch({t}, 'status = ''x''', 'status = ''planned'') OR (true')"
+                ),
+                "22023",
+            ),
+            (
                 format!("SELECT * FROM sturdy.batch({t}, 'status = ''x''', 'true /*')"),
+                "42601",
+            ),
+            (
+                format!("SELECT * FROM sturdy.batch({t}, 'status = ''x''', 'status = = 1')"),
                 "42601",
             ),
             (

@@ -21,7 +21,12 @@ pub enum Error {
     TooLong { arg: &'static str, bytes: usize },
     /// A lease, count or size that must be positive was not. For an interval
     /// that means `now() + it` is not after `now()`, as the server adds it.
-    NotPositive { arg: &'static str, got: String },
+    NotPositive {
+        arg: &'static str,
+        got: String,
+        /// An interval (its end must come after its start), not a number.
+        interval: bool,
+    },
     /// An argument of the right type whose value cannot be used (two arrays
     /// of different lengths, a multi-dimensional array).
     Invalid {
@@ -106,10 +111,21 @@ impl Error {
             Error::Null { arg } => format!("Pass a non-NULL {arg}."),
             Error::Empty { arg } => format!("Pass a non-empty {arg}."),
             Error::TooLong { arg, .. } => {
-                format!("Use a {arg} of at most {MAX_NAME_BYTES} bytes, e.g. a hash of the long key.")
+                format!(
+                    "Use {} {arg} of at most {MAX_NAME_BYTES} bytes, e.g. a hash of the long key.",
+                    article(arg)
+                )
             }
+            Error::NotPositive {
+                arg,
+                interval: true,
+                ..
+            } => format!(
+                "Pass {} {arg} greater than zero: now() + {arg} must be later than now(), e.g. '30 seconds'.",
+                article(arg)
+            ),
             Error::NotPositive { arg, .. } => {
-                format!("Pass a {arg} greater than zero (for an interval: now() + {arg} must be later than now()).")
+                format!("Pass {} {arg} greater than zero.", article(arg))
             }
             Error::Invalid { hint, .. } => (*hint).into(),
             Error::Fenced { current: None, .. } => {
@@ -156,6 +172,14 @@ impl Error {
     }
 }
 
+/// "a" or "an" before an argument's name, as it is said.
+fn article(arg: &str) -> &'static str {
+    match arg.as_bytes().first() {
+        Some(b'a' | b'e' | b'i' | b'o' | b'u') => "an",
+        _ => "a",
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -167,7 +191,7 @@ impl fmt::Display for Error {
                     "{arg} is {bytes} bytes long; the limit is {MAX_NAME_BYTES}"
                 )
             }
-            Error::NotPositive { arg, got } => write!(f, "{arg} must be positive, got {got}"),
+            Error::NotPositive { arg, got, .. } => write!(f, "{arg} must be positive, got {got}"),
             Error::Invalid { arg, why, .. } => write!(f, "{arg} {why}"),
             Error::Fenced {
                 workflow,

@@ -45,24 +45,49 @@ pub fn check(kind: Kind, arg: &'static str, text: &str) -> Result<()> {
     let refuse = |what: &str| Error::Invalid {
         arg,
         why: format!("must be {what}, got {text:?}"),
-        hint: "A fragment is one piece of SQL for its place: no ';', no second statement, no clauses of its own.",
+        hint: "A fragment is one piece of SQL for its place: no ';', no second statement, no clauses of its own, no parenthesis it does not open.",
     };
     // The fragment sits on lines of its own, so a `--` comment in it ends
-    // with its line; an unclosed `/*` swallows the closing parenthesis and
-    // fails to parse.
-    let (probe, what) = match kind {
-        Kind::Predicate => (
-            format!("SELECT WHERE (\n{text}\n)"),
-            "one boolean expression",
-        ),
+    // with its line; an unclosed `/*` swallows what follows and fails to
+    // parse.
+    let (fits, what) = match kind {
+        Kind::Predicate => {
+            // Placed inside our parentheses, `a) OR (b` parses too, and
+            // takes the conditions after it out of their AND. So a
+            // predicate must also stand alone, where that is a syntax
+            // error and a `;` makes a second statement.
+            let what = "one boolean expression";
+            match parses_as(kind, arg, &format!("SELECT WHERE\n{text}\n")) {
+                Err(alone) => match parses_as(kind, arg, &format!("SELECT WHERE (\n{text}\n)")) {
+                    // it parses only where it can close our parenthesis
+                    Ok(_) => return Err(refuse(what)),
+                    Err(_) => return Err(alone),
+                },
+                Ok(fits) => (fits, what),
+            }
+        }
         Kind::SetList => (
-            format!("UPDATE sturdy_fragment_probe SET\n{text}\n"),
+            parses_as(
+                kind,
+                arg,
+                &format!("UPDATE sturdy_fragment_probe SET\n{text}\n"),
+            )?,
             "a list of column assignments",
         ),
-        Kind::OrderBy => (format!("SELECT ORDER BY\n{text}\n"), "a list of sort keys"),
+        Kind::OrderBy => (
+            parses_as(kind, arg, &format!("SELECT ORDER BY\n{text}\n"))?,
+            "a list of sort keys",
+        ),
     };
-    let probe = c_string(arg, &probe)?;
-    let fits = crate::fmgr::catching(|| {
+    if fits { Ok(()) } else { Err(refuse(what)) }
+}
+
+/// Whether `probe`, a statement with a fragment of `kind` in its place,
+/// parses as one statement with that fragment and nothing else; a syntax
+/// error is returned as PostgreSQL raised it.
+fn parses_as(kind: Kind, arg: &'static str, probe: &str) -> Result<bool> {
+    let probe = c_string(arg, probe)?;
+    crate::fmgr::catching(|| {
         // SAFETY: raw_parser only parses (no catalog access); a syntax error
         // raises, which `catching` turns into an Error. The nodes it returns
         // live in the current memory context and are only read here.
@@ -115,8 +140,7 @@ pub fn check(kind: Kind, arg: &'static str, text: &str) -> Result<()> {
                 }
             })
         }
-    })?;
-    if fits { Ok(()) } else { Err(refuse(what)) }
+    })
 }
 
 /// The highest `$n` in `text`, outside string literals. (A `$n` inside a
