@@ -56,6 +56,9 @@ pub fn check(kind: Kind, arg: &'static str, text: &str) -> Result<()> {
             // takes the conditions after it out of their AND. So a
             // predicate must also stand alone, where that is a syntax
             // error and a `;` makes a second statement.
+            // Going on after the first probe's syntax error is safe without
+            // a subtransaction: the raw parser takes no lock, buffer or
+            // other resource an abort would have to release.
             let what = "one boolean expression";
             match parses_as(kind, arg, &format!("SELECT WHERE\n{text}\n")) {
                 Err(alone) => match parses_as(kind, arg, &format!("SELECT WHERE (\n{text}\n)")) {
