@@ -13,8 +13,15 @@
 //! against 5.2 and 2.8 at 4). A floor another backend reached holds by the
 //! same argument as one's own, for the same generation: so a take starts at
 //! the furthest of its own floor and the shared one, where that one was found
-//! under the generation it reads now. Everything else about floors stays
-//! each backend's (when to scan from the start, what a short take does).
+//! under the generation it reads now.
+//!
+//! The slot also holds when a backend last claimed the queue's periodic scan
+//! from the start ([`claim_scan`]): that scan, which finds rows left below
+//! the floors, walks the whole dead front of the queue's index, and run once
+//! a second by every backend it cost 16 times as much at 16 workers as at
+//! one. Claimed in the slot, one backend of the server runs it once a second
+//! for all. Everything else about floors stays each backend's (its first
+//! scan, what a short take does).
 //!
 //! A slot per queue name (by hash, among [`SLOTS`]; names of more than
 //! [`NAME_BYTES`] bytes are not shared), written under a sequence counter
@@ -50,6 +57,10 @@ struct Slot {
     generation: AtomicI64,
     at: AtomicI64,
     tiebreak: AtomicI64,
+    /// When a backend last claimed the periodic scan from the start of the
+    /// queue (`clock_timestamp()`'s µs; 0: never). Written under `version`
+    /// held odd, as the rest.
+    scanned: AtomicI64,
 }
 
 #[repr(C)]
@@ -286,6 +297,10 @@ pub fn offer(q: &Queue, generation: i64, at: Position) {
     }
     // held by us now: as it stands, is ours still further?
     if further(slot.fields(q)) {
+        if !slot.holds(q) {
+            // another queue's slot until now: its scans are not ours
+            slot.scanned.store(0, Ordering::Relaxed);
+        }
         slot.database.store(q.database, Ordering::Relaxed);
         slot.generations.store(q.generations, Ordering::Relaxed);
         slot.len.store(q.len, Ordering::Relaxed);
@@ -299,12 +314,58 @@ pub fn offer(q: &Queue, generation: i64, at: Position) {
     slot.version.store(before + 2, Ordering::Release);
 }
 
+/// Whether this backend is to run the periodic scan from the start of `q`
+/// that its own schedule says is due now (`now`, `clock_timestamp()`'s
+/// µs; `every`, its schedule's interval): no, where another backend of the
+/// server claimed one less than `every` ago; otherwise yes, and the claim is
+/// its own. Yes wherever the slot cannot say (no slots, the slot another
+/// queue's or being written, a clock that went back): a scan too many costs
+/// time, a scan too few would leave a row below the floors waiting.
+///
+/// A skipped backend stays due by its own schedule and asks again on its
+/// next take, so one backend runs the scan about every `every`, where each
+/// ran it that often before.
+pub fn claim_scan(q: &Queue, now: i64, every: i64) -> bool {
+    let Some(heads) = segment() else {
+        return true;
+    };
+    let slot = &heads.slots[q.slot];
+    let recent = |last: i64| last <= now && now - last < every;
+    let before = slot.version.load(Ordering::Acquire);
+    if before % 2 == 1 || !slot.holds(q) {
+        return true;
+    }
+    let last = slot.scanned.load(Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Acquire);
+    if slot.version.load(Ordering::Relaxed) != before {
+        return true;
+    }
+    if recent(last) {
+        return false;
+    }
+    if slot
+        .version
+        .compare_exchange(before, before + 1, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        // another backend is writing the slot: perhaps this same claim
+        return !recent(slot.scanned.load(Ordering::Relaxed));
+    }
+    // held by us now: still q's (it was at `before`), and still unclaimed?
+    let claimed = !recent(slot.scanned.load(Ordering::Relaxed));
+    if claimed {
+        slot.scanned.store(now, Ordering::Relaxed);
+    }
+    slot.version.store(before + 2, Ordering::Release);
+    claimed
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
     use pgrx::prelude::*;
 
-    use super::{Queue, offer, read};
+    use super::{Queue, claim_scan, offer, read};
 
     #[pg_test]
     fn a_floor_offered_is_read_for_its_generation_and_queue_only() {
@@ -339,5 +400,59 @@ mod tests {
         );
         assert_eq!(read(&q, 7), None);
         assert!(Queue::new(pg_sys::Oid::from(4242), &[b'x'; 65]).is_none());
+    }
+
+    #[pg_test]
+    fn one_backend_claims_a_queues_scan_from_the_start_per_interval() {
+        let q = Queue::new(pg_sys::Oid::from(4244), b"claims-test");
+        if cfg!(feature = "pg15") {
+            assert!(q.is_none(), "15, not preloaded: no slots");
+            return;
+        }
+        let q = q.unwrap();
+        let second = 1_000_000;
+        assert!(
+            claim_scan(&q, 5 * second, second),
+            "the slot is no queue's yet: scan"
+        );
+        assert!(
+            claim_scan(&q, 5 * second, second),
+            "nor after a scan: a slot says nothing for another queue"
+        );
+        offer(&q, 1, (100, 1));
+        assert!(claim_scan(&q, 10 * second, second), "never claimed: ours");
+        assert!(
+            !claim_scan(&q, 10 * second + second / 2, second),
+            "claimed half a second ago"
+        );
+        assert!(!claim_scan(&q, 11 * second - 1, second));
+        assert!(
+            claim_scan(&q, 11 * second, second),
+            "a second on: ours again"
+        );
+        assert!(
+            !claim_scan(&q, 11 * second, second),
+            "and no one else's at that instant"
+        );
+        assert!(
+            claim_scan(&q, 11 * second, 0),
+            "an interval of nothing: always"
+        );
+        assert!(
+            claim_scan(&q, 3 * second, second),
+            "a clock gone back: scan"
+        );
+        // a queue whose name lands in the same slot takes it over: its scans start unclaimed
+        let mut other = Queue::new(pg_sys::Oid::from(4244), b"claims-other").unwrap();
+        other.slot = q.slot;
+        offer(&other, 1, (100, 1));
+        assert!(
+            claim_scan(&other, 3 * second + 1, second),
+            "the slot's claim was the other queue's"
+        );
+        assert!(
+            claim_scan(&q, 3 * second + 2, second),
+            "and q's slot is no longer q's"
+        );
     }
 }

@@ -15,7 +15,9 @@
 //! [`CHEAP_SCAN`], scans from the start are limited to one per `100 × c`, so
 //! they never take more than about 1% of the backend's time however many
 //! dead entries there are. This module is that schedule; what a floor is
-//! and when else it is void is the caller's.
+//! and when else it is void is the caller's, and so is skipping a scan due
+//! where another backend ran one of the same queue within the interval
+//! (`heads::claim_scan`).
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,10 @@ pub const SLACK: pg_sys::TimestampTz = 100_000; // µs
 /// A scan from the start that costs less than this is not rate-limited:
 /// whenever a scan from the floor comes up short, one from the start follows.
 pub const CHEAP_SCAN: Duration = Duration::from_millis(10);
+
+/// Scans from the start come at least this often (and at most ten minutes
+/// apart): [`Rescans::due`].
+pub const LEAST_DUE: Duration = Duration::from_secs(1);
 
 /// A place in a scan's order: a time and a tiebreaker that makes it exact
 /// (`sturdy.queue.seq`, `sturdy.deliveries.id`).
@@ -138,9 +144,8 @@ impl Rescans {
     }
 
     /// At the latest this long after the last scan from the start, the next.
-    fn due(&self) -> Duration {
-        self.gap()
-            .clamp(Duration::from_secs(1), Duration::from_secs(600))
+    pub fn due(&self) -> Duration {
+        self.gap().clamp(LEAST_DUE, Duration::from_secs(600))
     }
 }
 
