@@ -21,6 +21,16 @@ def connect(autocommit=True):
     return psycopg.connect(DSN, autocommit=autocommit)
 
 
+def floors_shared(c):
+    """Whether the takes of this server's connections share floors (and the
+    schedule of scans from the start): PostgreSQL 17 and later, or 15 with
+    the library preloaded."""
+    return c.execute(
+        "SELECT current_setting('server_version_num')::int >= 170000"
+        " OR 'pg_sturdy' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))"
+    ).fetchone()[0]
+
+
 def start_and_join(threads):
     for t in threads:
         t.start()
@@ -274,10 +284,7 @@ def test_a_take_starts_at_the_furthest_floor_any_connection_reached():
     the same where the library is preloaded; otherwise each connection goes
     by its own floor."""
     with connect() as c:
-        shared = c.execute(
-            "SELECT current_setting('server_version_num')::int >= 170000"
-            " OR 'pg_sturdy' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))"
-        ).fetchone()[0]
+        shared = floors_shared(c)
     # b's second take must come within a second of its first, or it scans
     # from the start by its own schedule (which finds the row below): a run
     # that a stalled machine made slower is run again
@@ -525,6 +532,43 @@ def test_a_row_whose_lease_ran_out_is_taken_again_within_seconds():
     assert "first" in result, "a row whose lease ran out was never taken again"
     assert result["first"] >= lapsed - 0.05, "taken again before its lease ran out"
     print(f"     first taken again {result['first'] - lapsed:.2f} s after its lease ran out")
+
+
+def test_rows_left_below_the_floors_are_drained_together_not_one_a_second():
+    """Ten rows whose batch take rolled back go back below the floor of a
+    worker busy with newer rows. Its periodic scan from the start finds the
+    oldest; the rest lie below the floor its takes share with the server, so
+    before the drain each came one periodic scan, a second, after the last.
+    A scan from the start that finds rows below where the takes stood sends
+    the next takes to the start until one finds none: all ten are taken
+    again within a few seconds of each other."""
+    ready.clear()
+    left = {f"left-{i:02}" for i in range(1, 11)}
+    with connect() as c:
+        if not floors_shared(c):
+            raise Skip("floors are each connection's own here: a scan from the start resets them")
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'drain'")
+        c.execute(
+            "SELECT sturdy.schedule(format('left-%s', lpad(i::text, 2, '0')),"
+            " now() - interval '1 minute' + i * interval '1 millisecond', 'drain')"
+            " FROM generate_series(1, 10) i"
+        )
+    with connect(autocommit=False) as a:
+        taken = {w for (w,) in a.execute("SELECT workflow FROM sturdy.take('drain', max => 10)")}
+        assert taken == left, taken
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(busy_taker("drain", left, 20, clear=False)))
+        worker.start()
+        ready.wait(5)
+        time.sleep(0.5)
+        a.rollback()
+        rolled_back = time.monotonic()
+    worker.join()
+    assert left <= result.keys(), f"never taken again: {sorted(left - result.keys())}"
+    spread = max(result[w] for w in left) - min(result[w] for w in left)
+    assert spread < 3.0, f"the ten rows left below the floor came {spread:.2f} s apart, first to last"
+    print(f"     first taken again {min(result.values()) - rolled_back:.2f} s after the rollback,"
+          f" the last {spread:.2f} s after the first")
 
 
 def test_health_shows_the_snapshot_a_forgotten_transaction_pins():

@@ -57,7 +57,9 @@ use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::heads;
 use crate::plan::{self, Statement, first_value, run_one};
-use crate::rescan::{Position, Rescans, SLACK, START, ScanFrom, floor_after, time_param};
+use crate::rescan::{
+    LEAST_DUE, Position, Rescans, SLACK, START, ScanFrom, floor_after, time_param,
+};
 
 /// The same statement for the current schema and for 0.1.0's (see
 /// [`schema`]): `$sql` is a macro that writes it for either, by
@@ -679,7 +681,9 @@ fn schedule(
 /// the row in its place). For those, a take scans from the start when it
 /// comes up short, on a generation change, and on the schedule of
 /// [`Rescans`] (at least every second; rate-limited once such scans get
-/// costly). With a healthy vacuum every short take and every generation
+/// costly), a schedule the backends of a server share per queue where they
+/// share floors ([`heads::claim_scan`]: one of them runs the scan due, not
+/// each). With a healthy vacuum every short take and every generation
 /// change scans from the start, and FIFO order is exact but for a row whose
 /// write committed more than `SLACK` after its `visible_at` behind a busy
 /// queue (or whose take rolled back, or whose lease ran out), which waits at
@@ -690,6 +694,9 @@ struct Floor {
     /// The generation the floor holds for (`None`: unknown, it holds for none).
     generation: Option<i64>,
     rescans: Rescans,
+    /// The last scan from the start found rows below where the takes stood
+    /// (left behind: see [`take`]): the next scans from the start too.
+    drain: bool,
 }
 
 /// Queues a backend keeps floors for; past this many it forgets them all.
@@ -972,23 +979,50 @@ fn take(
     // generation; otherwise only for the generation it was found under.
     // A floor goes on to the furthest another backend reached under this
     // generation, which holds as one's own would.
-    let floor = FLOORS
-        .with(|f| {
-            let floors = f.borrow();
-            let fl = floors.get(queue.bytes())?;
-            match fl.rescans.next(start) {
-                ScanFrom::Start => None,
-                ScanFrom::Floor(false) => Some((fl.at, false)),
-                ScanFrom::Floor(true) if fl.generation.is_some() && fl.generation == generation => {
-                    Some((fl.at, true))
+    //
+    // A scan from the start due by the backend's own schedule is skipped
+    // where another backend of the server ran one of this queue within that
+    // schedule's interval (`heads::claim_scan`): one a second for the
+    // server, not one a second for each of its backends. One that found a
+    // row below where the takes stood leaves `drain` set: this backend's
+    // next takes scan from the start too (as often as the rate limit lets
+    // them), until one finds nothing left there.
+    //
+    // (where to start, whether a short take may go back to the start) or
+    // `None`: from the start; and where a take by the floor would have
+    // started (`None`: the floor holds for no generation of now)
+    let (floor, stood) = FLOORS.with(|f| {
+        let floors = f.borrow();
+        let Some(fl) = floors.get(queue.bytes()) else {
+            // This backend's first take here: from the floor another one
+            // reached under this generation, where one did (it holds as
+            // this backend's own would) and some backend scanned from the
+            // start less than a second ago, not through the whole dead
+            // front; rows left below it are the periodic scans'. Where none
+            // did, this take is the periodic scan: a server whose every
+            // connection takes once (a `pg_cron` job's) still scans from the
+            // start once a second.
+            let reached = shared.and_then(|(q, g)| Some((q, heads::read(&q, g)?)));
+            let adopted = reached.filter(|(q, _)| !heads::claim_scan(q, clock(), every(LEAST_DUE)));
+            return (adopted.map(|(_, at)| (at, true)), reached.map(|(_, at)| at));
+        };
+        let further = shared.and_then(|(q, g)| heads::read(&q, g));
+        let at = further.map_or(fl.at, |f| f.max(fl.at));
+        let holds = fl.generation.is_some() && fl.generation == generation;
+        let floor = match fl.rescans.next(start) {
+            ScanFrom::Start if holds && !fl.drain => match shared {
+                Some((q, _)) if !heads::claim_scan(&q, clock(), every(fl.rescans.due())) => {
+                    Some((at, true))
                 }
-                ScanFrom::Floor(true) => None,
-            }
-        })
-        .map(|(at, may)| {
-            let further = shared.and_then(|(q, g)| heads::read(&q, g));
-            (further.map_or(at, |f| f.max(at)), may)
-        });
+                _ => None,
+            },
+            ScanFrom::Start => None,
+            ScanFrom::Floor(false) => Some((at, false)),
+            ScanFrom::Floor(true) if holds && !fl.drain => Some((at, true)),
+            ScanFrom::Floor(true) => None,
+        };
+        (floor, holds.then_some(at))
+    });
     let (mut taken, mut full, may_rescan) = match floor {
         Some((at, may)) => (
             take_from(call, stmt, queue, lease, max.into(), at, now, batch)?,
@@ -1014,7 +1048,17 @@ fn take(
             },
         };
     }
-    remember(queue, &taken, full, generation);
+    // rows found below where the takes stood: left behind (see above)
+    let drain = stood
+        .zip(taken.oldest)
+        .is_some_and(|(stood, oldest)| oldest < stood);
+    remember(
+        queue,
+        &taken,
+        full.map(|cost| (cost, drain)),
+        stood,
+        generation,
+    );
     if let Some((q, g)) = shared
         && let Some(at) = FLOORS.with(|f| {
             let floors = f.borrow();
@@ -1044,7 +1088,7 @@ fn take(
     {
         let left = (max as usize - taken.rows) as i64;
         let more = take_from(call, stmt, queue, lease, left, at, clock, batch)?;
-        remember(queue, &more, None, generation);
+        remember(queue, &more, None, None, generation);
         taken.rows += more.rows;
     }
     if taken.rows == 0 {
@@ -1054,11 +1098,30 @@ fn take(
     Ok(())
 }
 
+/// `clock_timestamp()` in µs, as [`heads::claim_scan`] reads the time.
+fn clock() -> pg_sys::TimestampTz {
+    pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp())
+}
+
+/// A schedule's interval in µs, as [`heads::claim_scan`] reads it.
+fn every(due: Duration) -> i64 {
+    due.as_micros().try_into().unwrap_or(i64::MAX)
+}
+
 /// Keep the queue's floor after a take: the oldest row it took, or lower
 /// where a transaction still to commit may write below it ([`floor_after`]; after
 /// a scan from the start, which holds for `generation`; never lower than the
-/// floor after one from the floor).
-fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Option<i64>) {
+/// floor after one from the floor). `full`: what a scan from the start in
+/// it cost, and whether it found rows left below the floor (`drain`);
+/// `from`, where it started by a floor, which for a backend's first take
+/// here is another backend's.
+fn remember(
+    queue: Name,
+    taken: &Taken,
+    full: Option<(Duration, bool)>,
+    from: Option<Position>,
+    generation: Option<i64>,
+) {
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
         let now = pg_sys::TimestampTz::from(pgrx::datum::now());
@@ -1070,12 +1133,13 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
                     fl.at = fl.at.max(found());
                 }
             }
-            (Some(fl), Some(cost)) => {
+            (Some(fl), Some((cost, drain))) => {
                 fl.at = found();
                 fl.generation = generation;
                 fl.rescans.again(cost);
+                fl.drain = drain;
             }
-            (None, Some(cost)) => {
+            (None, Some((cost, drain))) => {
                 if floors.len() >= FLOORS_KEPT {
                     floors.clear();
                 }
@@ -1085,10 +1149,34 @@ fn remember(queue: Name, taken: &Taken, full: Option<Duration>, generation: Opti
                         at: found(),
                         generation,
                         rescans: Rescans::first(cost),
+                        drain,
                     },
                 );
             }
-            (None, None) => {}
+            (None, None) => {
+                // by the floor another backend reached: kept as this one's,
+                // its first scan from the start due a second from now
+                // (costing nothing, until one is measured)
+                let Some(from) = from else {
+                    return;
+                };
+                if floors.len() >= FLOORS_KEPT {
+                    floors.clear();
+                }
+                floors.insert(
+                    queue.bytes().to_vec(),
+                    Floor {
+                        at: if taken.oldest.is_some() {
+                            from.max(found())
+                        } else {
+                            from
+                        },
+                        generation,
+                        rescans: Rescans::first(Duration::ZERO),
+                        drain: false,
+                    },
+                );
+            }
         }
     });
 }
