@@ -26,6 +26,11 @@ checkout at PGMQ_REPO (tag v1.5.1); without either, that column is skipped.
   BENCH_SWEEP_ROWS=1000000    (finished instances for the sweep rate; 0 skips it)
   BENCH_PER_CALL=0            (skip the per-call pgbench -r table and the A/Bs)
   BENCH_PER_CALL_ROUNDS=3     (rounds of the per-call table; each statement's median over them)
+  BENCH_AB=/path/to/pg_sturdy.so
+                              (A/B a change: every pg_sturdy side runs again with that build of the
+                              library, B, beside the installed one, A, in the same repetition; the
+                              server restarts with the build it is to run before each pg_sturdy
+                              side, and the installed library is put back at the end)
 """
 import os
 import re
@@ -100,6 +105,7 @@ REGIMES = os.environ.get("BENCH_REGIMES", "on,off").split(",")
 PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
 PGMQ_BACKLOG = 1500000
 ONLY = os.environ.get("BENCH_CASES")  # e.g. "1,2": run only these (1-based)
+AB = os.environ.get("BENCH_AB")
 
 CONN = ["-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres"]
 PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
@@ -154,6 +160,35 @@ def pgmq_backlog():
 def seq_scans():
     rows = psql("SELECT schemaname || '.' || relname, seq_scan FROM pg_stat_user_tables")
     return {r.split("|")[0]: int(r.split("|")[1]) for r in rows.splitlines()}
+
+
+class Builds:
+    """For BENCH_AB: the installed library (A) and the other build (B), one
+    of them in the server at a time. A library is swapped by a rename of a
+    copy into place, never written over (a backend that has it mapped would
+    crash), and the server restarts to load it."""
+
+    def __init__(self, other):
+        self.path = installed_build.library(PG_CONFIG)
+        self.builds = {"A": os.path.join(DIR, "a.so"), "B": other}
+        subprocess.run(["install", "-m", "755", self.path, self.builds["A"]], check=True)
+        self.loaded = "A"
+
+    def use(self, build):
+        if build != self.loaded:
+            subprocess.run(["install", "-m", "755", self.builds[build], self.path + ".ab"], check=True)
+            os.rename(self.path + ".ab", self.path)
+            self.loaded = build
+        # every pg_sturdy side from a fresh start, so neither build runs warm after the other
+        subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(BINDIR, "pg_ctl"), "-D",
+                        os.path.join(DIR, "cluster", "data"), "-w", "-m", "fast", "restart", "-l",
+                        os.path.join(DIR, "cluster", "server.log")], check=True, capture_output=True)
+
+    def restore(self):
+        if self.loaded != "A":
+            subprocess.run(["install", "-m", "755", self.builds["A"], self.path + ".ab"], check=True)
+            os.rename(self.path + ".ab", self.path)
+            self.loaded = "A"
 
 
 def pgbench(script, clients, db, regime):
@@ -258,10 +293,13 @@ def sweep_rate():
 
 def main():
     installed_build.require_release(PG_CONFIG)
+    if AB and ".debug_info" in installed_build.section_names(AB) and os.environ.get("BENCH_ALLOW_DEBUG") != "1":
+        sys.exit(f"{AB} (BENCH_AB) is a debug build: build it with --release")
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min",
                     # as the README advises (on 15 the takes' shared floors need it)
                     "shared_preload_libraries = 'pg_sturdy'"], check=True)
+    builds = Builds(AB) if AB else None
     try:
         subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
                         os.path.join(ROOT, "bench", "setup.sql"), "postgres"], check=True)
@@ -290,6 +328,8 @@ def main():
                     for clients in CLIENTS:
                         # alternate which goes first, so drift favours neither
                         order = [("sturdy", case["sturdy"], case.get("sturdy_per", 1), "postgres")]
+                        if builds:
+                            order.append(("ab", case["sturdy"], case.get("sturdy_per", 1), "postgres"))
                         if case["base"] and (case.get("base_db") != "pgmq" or have_pgmq):
                             order.append(("base", case["base"], case.get("base_per", 1),
                                           case.get("base_db", "postgres")))
@@ -309,11 +349,14 @@ def main():
                                 psql(case["before"])
                             if side == "base" and case.get("before_base") == "pgmq":
                                 psql(pgmq_backlog(), "pgmq")
+                            if builds and side in ("sturdy", "ab", "own"):
+                                builds.use("B" if side == "ab" else "A")
                             before = seq_scans()
                             rate = pgbench(script, clients, db, regime) * per
                             after = seq_scans()
                             results.setdefault((case["name"], regime, clients),
-                                               {"sturdy": [], "base": [], "wrapper": [], "ceiling": [], "own": []}
+                                               {"sturdy": [], "base": [], "wrapper": [], "ceiling": [],
+                                                "own": [], "ab": []}
                                                )[side].append(rate)
                             for t in HOT:
                                 seq[t] = seq.get(t, 0) + after.get(t, 0) - before.get(t, 0)
@@ -321,6 +364,8 @@ def main():
                                   f"{side:7} {rate:10.0f}", flush=True)
         report(results, seq, "\n\n".join(extras))
     finally:
+        if builds:
+            builds.restore()
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", os.path.join(DIR, "cluster")])
 
 
@@ -339,6 +384,7 @@ def scaling(ceilings):
         return []
     lo, hi = counts[-2], counts[-1]
     by = {key: r for key, r in ceilings}
+    ab_lines = []
     lines = ["", f"From {lo} to {hi} clients: each side's rate at {hi} over its rate at {lo} "
              "(median of the repetitions), and pg_sturdy's change (one queue; a queue per client) over the",
              "ceiling's within each repetition:", "",
@@ -361,6 +407,13 @@ def scaling(ceilings):
 
         lines.append(f"| {case.split(':')[0]} | {regime} | {change('sturdy')} | {change('base')} | "
                      f"{change('own')} | {change('ceiling')} | {over_ceiling('sturdy')} | {over_ceiling('own')} |")
+        if r["ab"]:
+            ab_lines.append(f"| {case.split(':')[0]} | {regime} | {change('sturdy')} | {change('ab')} | "
+                            f"{change('ceiling')} | {over_ceiling('sturdy')} | {over_ceiling('ab')} |")
+    if ab_lines:
+        lines += ["", f"The same, A (the installed build) against B (BENCH_AB), from {lo} to {hi} clients:", "",
+                  "| case | synchronous_commit | A | B | ceiling | A's change / the ceiling's "
+                  "| B's change / the ceiling's |", "|---|---|---:|---:|---:|---:|---:|"] + ab_lines
     return lines
 
 
@@ -389,6 +442,12 @@ def report(results, seq, search_path):
         wrapper = f"{fmt(r['wrapper'])} | {ratio(r['wrapper'], r['base'])}" if r["wrapper"] else " | "
         lines.append(f"| {case} | {regime} | {clients} | {fmt(r['sturdy'])} | {fmt(r['base'])} | "
                      f"{ratio(r['sturdy'], r['base'])} | {wrapper} |")
+    if any(r["ab"] for r in results.values()):
+        lines += ["", f"A/B: the installed build (A) against {AB} (B), each run after a restart of the server",
+                  "with it, beside each other in every repetition:", "",
+                  "| case | synchronous_commit | clients | A | B | B / A |", "|---|---|---:|---:|---:|---:|"]
+        lines += [f"| {case.split(':')[0]} | {regime} | {clients} | {fmt(r['sturdy'])} | {fmt(r['ab'])} | "
+                  f"{ratio(r['ab'], r['sturdy'])} |" for (case, regime, clients), r in results.items() if r["ab"]]
     ceilings = [(key, r) for key, r in results.items() if r["ceiling"]]
     if ceilings:
         lines += ["", "Against the ceiling of the case's commits: the trivial write's transactions/s divided by",
