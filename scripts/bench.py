@@ -351,6 +351,11 @@ def main():
                                 psql(pgmq_backlog(), "pgmq")
                             if builds and side in ("sturdy", "ab", "own"):
                                 builds.use("B" if side == "ab" else "A")
+                            if builds:
+                                # a restart puts autovacuum's first round a
+                                # minute off: restarted this often, it never
+                                # comes, and the queues bloat run after run
+                                psql("VACUUM sturdy.queue, seed.workflow_queue")
                             before = seq_scans()
                             rate = pgbench(script, clients, db, regime) * per
                             after = seq_scans()
