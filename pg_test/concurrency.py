@@ -571,6 +571,90 @@ def test_rows_left_below_the_floors_are_drained_together_not_one_a_second():
           f" the last {spread:.2f} s after the first")
 
 
+def queue_entries_read(c):
+    """Index entries the server's scans of sturdy.queue's queue_visible have
+    read so far, as the cumulative statistics have them (each backend's
+    counts are flushed at its next commit after a second, or at its exit)."""
+    c.execute("SELECT pg_stat_force_next_flush()")
+    c.execute("SELECT pg_stat_clear_snapshot()")
+    (read,) = c.execute(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = 'sturdy' AND indexrelname = 'queue_visible'"
+    ).fetchone()
+    return read
+
+
+def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
+    """A take's periodic scan from the start walks everything in front of
+    the queue's ready rows; where takes share floors, one connection of the
+    server claims it per interval (at least a second) for all of them. So 8
+    workers busy at one queue behind a front of 20,000 leased rows walk that
+    front about once a second between them, not once a second each; and a
+    worker that joins a busy queue starts at the floor the others share,
+    not with a walk of its own. Counted in index entries read, as a number
+    of walks: what all the takes read over what one take from the start
+    (the first in the queue) reads. Before the shared schedule, each
+    worker's first take and each one's own schedule walked it: 8 joining
+    walks and 8 a second."""
+    front, workers, seconds = 20_000, 8, 5.0
+    queue = f"front-{time.time_ns()}"  # nobody's floor, nobody's scan claimed yet
+    with connect() as c:
+        if not floors_shared(c):
+            raise Skip("floors are each connection's own here: each scans from the start by its own schedule")
+        c.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, leased_until)"
+            " SELECT %s, 'held-' || i, now() - interval '1 hour', now(), now() + interval '1 hour'"
+            " FROM generate_series(1, %s) i",
+            (queue, front),
+        )
+        c.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
+            " SELECT %s, 'ready-' || i, now() - interval '1 minute', now() FROM generate_series(1, 100000) i",
+            (queue,),
+        )
+        c.execute("ANALYZE sturdy.queue")
+        with connect() as first:
+            before = queue_entries_read(c)
+            ((workflow, receipt),) = first.execute(
+                "SELECT workflow, receipt FROM sturdy.take(%s, '1 hour')", (queue,)
+            ).fetchall()
+            first.execute("SELECT sturdy.done(%s, %s, %s)", (workflow, receipt, queue))
+        time.sleep(0.2)  # its counts are flushed at its exit
+        walk = queue_entries_read(c) - before
+        assert walk >= front, f"the take from the start read {walk} entries, fewer than the {front} in front"
+        taken, lock, going = [0], threading.Lock(), threading.Event()
+
+        def worker(i):
+            n = 0
+            with connect() as w:
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    for workflow, receipt in w.execute(
+                        "SELECT workflow, receipt FROM sturdy.take(%s, '1 hour')", (queue,)
+                    ).fetchall():
+                        w.execute("SELECT sturdy.done(%s, %s, %s)", (workflow, receipt, queue))
+                        n += 1
+                    going.set()
+            with lock:
+                taken[0] += n
+
+        before = queue_entries_read(c)
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+        threads[0].start()
+        going.wait(5)  # the others join a queue already busy
+        start_and_join(threads[1:])
+        threads[0].join()
+        time.sleep(0.2)
+        walks = (queue_entries_read(c) - before) / walk
+        c.execute("DELETE FROM sturdy.queue WHERE queue = %s", (queue,))
+    print(f"     {taken[0]} takes by {workers} workers in {seconds:.0f} s read {walks:.1f} times what a"
+          f" take from the start reads ({walk} entries)")
+    assert taken[0] > workers, f"the workers took only {taken[0]} rows"
+    # measured on 15, release builds: 9.9-10.9 walks (about five periodic
+    # scans, the rest the takes by the floor, about 3 entries each); before
+    # the shared schedule 42.5-42.7
+    assert walks < 4 + 2.5 * seconds, f"{walks:.1f} walks through the front in {seconds:.0f} s by {workers} workers"
+
+
 def test_health_shows_the_snapshot_a_forgotten_transaction_pins():
     """A session left in REPEATABLE READ holds a snapshot: sturdy.health's
     'oldest snapshot' shows its age, and nothing once it ends."""
