@@ -30,7 +30,8 @@ checkout at PGMQ_REPO (tag v1.5.1); without either, that column is skipped.
                               (A/B a change: every pg_sturdy side runs again with that build of the
                               library, B, beside the installed one, A, in the same repetition; the
                               server restarts with the build it is to run before each pg_sturdy
-                              side, and the installed library is put back at the end)
+                              side, both queues are vacuumed before every side, and the installed
+                              library is put back at the end)
 """
 import os
 import re
@@ -180,7 +181,8 @@ class Builds:
             os.rename(self.path + ".ab", self.path)
             self.loaded = build
         # every pg_sturdy side from a fresh start, so neither build runs warm after the other
-        subprocess.run(["runuser", "-u", "postgres", "--", os.path.join(BINDIR, "pg_ctl"), "-D",
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*as_postgres, os.path.join(BINDIR, "pg_ctl"), "-D",
                         os.path.join(DIR, "cluster", "data"), "-w", "-m", "fast", "restart", "-l",
                         os.path.join(DIR, "cluster", "server.log")], check=True, capture_output=True)
 
