@@ -650,9 +650,10 @@ def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
           f" take from the start reads ({walk} entries)")
     assert taken[0] > workers, f"the workers took only {taken[0]} rows"
     # measured with release builds on 15 and 18: 9.4-12.5 walks (about five
-    # periodic scans, the rest the takes by the floor, a few entries each);
-    # before the shared schedule 42.2-42.7
-    assert walks < 4 + 2.5 * seconds, f"{walks:.1f} walks through the front in {seconds:.0f} s by {workers} workers"
+    # periodic scans, the rest the takes by the floor, a few entries each),
+    # and 19.5-22.6 with the debug build the suites run on 15; before the
+    # shared schedule 42.2-42.7 (release)
+    assert walks < 7 * seconds, f"{walks:.1f} walks through the front in {seconds:.0f} s by {workers} workers"
 
 
 def test_health_shows_the_snapshot_a_forgotten_transaction_pins():
