@@ -651,7 +651,7 @@ def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
     assert taken[0] > workers, f"the workers took only {taken[0]} rows"
     # measured with release builds on 15 and 18: 9.4-12.5 walks (about five
     # periodic scans, the rest the takes by the floor, a few entries each),
-    # and 19.5-22.6 with the debug build the suites run on 15; before the
+    # and 18.1-23.3 with the debug builds the suites run; before the
     # shared schedule 42.2-42.7 (release)
     assert walks < 7 * seconds, f"{walks:.1f} walks through the front in {seconds:.0f} s by {workers} workers"
 
