@@ -175,11 +175,14 @@ class Builds:
         subprocess.run(["install", "-m", "755", self.path, self.builds["A"]], check=True)
         self.loaded = "A"
 
-    def use(self, build):
+    def put(self, build):
         if build != self.loaded:
             subprocess.run(["install", "-m", "755", self.builds[build], self.path + ".ab"], check=True)
             os.rename(self.path + ".ab", self.path)
             self.loaded = build
+
+    def use(self, build):
+        self.put(build)
         # every pg_sturdy side from a fresh start, so neither build runs warm after the other
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         subprocess.run([*as_postgres, os.path.join(BINDIR, "pg_ctl"), "-D",
@@ -187,10 +190,7 @@ class Builds:
                         os.path.join(DIR, "cluster", "server.log")], check=True, capture_output=True)
 
     def restore(self):
-        if self.loaded != "A":
-            subprocess.run(["install", "-m", "755", self.builds["A"], self.path + ".ab"], check=True)
-            os.rename(self.path + ".ab", self.path)
-            self.loaded = "A"
+        self.put("A")
 
 
 def pgbench(script, clients, db, regime):
@@ -295,7 +295,7 @@ def sweep_rate():
 
 def main():
     installed_build.require_release(PG_CONFIG)
-    if AB and ".debug_info" in installed_build.section_names(AB) and os.environ.get("BENCH_ALLOW_DEBUG") != "1":
+    if AB and installed_build.refused(AB):
         sys.exit(f"{AB} (BENCH_AB) is a debug build: build it with --release")
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min",

@@ -38,13 +38,19 @@ def section_names(path):
     return [strings[name:strings.index(b"\0", name)].decode() for name, *_ in entries]
 
 
+def refused(path):
+    """Whether the library at `path` is a debug build that is not to be
+    measured (BENCH_ALLOW_DEBUG=1 allows it)."""
+    return ".debug_info" in section_names(path) and os.environ.get("BENCH_ALLOW_DEBUG") != "1"
+
+
 def require_release(pg_config):
     """Exit unless the installed pg_sturdy is a release build
     (BENCH_ALLOW_DEBUG=1 measures a debug build anyway)."""
     path = library(pg_config)
     if not os.path.exists(path):
         sys.exit(f"{path} is not there: install pg_sturdy first (make install PG_CONFIG={pg_config})")
-    if ".debug_info" in section_names(path) and os.environ.get("BENCH_ALLOW_DEBUG") != "1":
+    if refused(path):
         sys.exit(f"{path} is a debug build (it has .debug_info; `make test` leaves one installed): "
                  f"run `make install PG_CONFIG={pg_config}` for the release build, or set "
                  "BENCH_ALLOW_DEBUG=1 to measure this one anyway")
