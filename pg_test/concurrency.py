@@ -656,6 +656,82 @@ def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
     assert walks < 7 * seconds, f"{walks:.1f} walks through the front in {seconds:.0f} s by {workers} workers"
 
 
+def test_a_take_behind_a_slow_scan_never_comes_back_empty_beside_ready_rows():
+    """A take judges what is due by its transaction's start. One whose scan
+    walks long (the periodic scan from the start, here through 100,000
+    leased rows in front) at a queue whose head turns over faster than that
+    (8 workers cycling schedule, take, done in-server over 30 ready rows)
+    finds every row due by that time taken by the others meanwhile, and the
+    rows scheduled since not due by it: it must look again by the clock,
+    from where the others have got to, before it says empty. Before it did
+    (it looked again only when its `now()` was over 100 ms stale, and from
+    its own floor), `pgbench`'s job cycle at 16 clients behind a million
+    dead entries came back empty beside a thousand ready rows, and here
+    3 to 5 takes in every run came back empty (release build, 18)."""
+    front, ready, workers, seconds = 100_000, 30, 8, 5.0
+    queue = f"slow-scan-{time.time_ns()}"
+    with connect() as c:
+        c.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, leased_until)"
+            " SELECT %s, 'held-' || i, now() - interval '1 hour', now(), now() + interval '1 hour'"
+            " FROM generate_series(1, %s) i",
+            (queue, front),
+        )
+        c.execute(
+            "SELECT sturdy.schedule('ready-' || i, now() - interval '1 minute', %s) FROM generate_series(1, %s) i",
+            (queue, ready),
+        )
+        c.execute("ANALYZE sturdy.queue")
+        c.execute("DROP SCHEMA IF EXISTS slow_scan CASCADE")
+        c.execute("CREATE SCHEMA slow_scan")
+        # each worker schedules one row before it takes one: the queue never
+        # holds fewer than `ready` rows due, of which at most `workers` are
+        # leased at any moment
+        c.execute("""
+            CREATE PROCEDURE slow_scan.cycle(q text, seconds float8, INOUT cycles int, INOUT empty int)
+            LANGUAGE plpgsql AS $$
+            DECLARE
+              w text; r timestamptz;
+              stop timestamptz := clock_timestamp() + seconds * interval '1 second';
+            BEGIN
+              cycles := 0; empty := 0;
+              WHILE clock_timestamp() < stop LOOP
+                PERFORM sturdy.schedule(q || '-' || gen_random_uuid(), now(), q);
+                COMMIT;
+                w := NULL;
+                SELECT t.workflow, t.receipt INTO w, r FROM sturdy.take(q, '1 minute') t;
+                COMMIT;
+                IF w IS NULL THEN
+                  empty := empty + 1;
+                ELSE
+                  PERFORM sturdy.done(w, r, q);
+                  COMMIT;
+                END IF;
+                cycles := cycles + 1;
+              END LOOP;
+            END $$""")
+    results, errors = [], []
+
+    def worker():
+        try:
+            with connect() as w:
+                results.append(w.execute("CALL slow_scan.cycle(%s, %s, 0, 0)", (queue, seconds)).fetchone())
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    try:
+        start_and_join([threading.Thread(target=worker) for _ in range(workers)])
+    finally:
+        with connect() as c:
+            c.execute("DROP SCHEMA slow_scan CASCADE")
+            c.execute("DELETE FROM sturdy.queue WHERE queue = %s", (queue,))
+    assert not errors, errors
+    cycles, empty = sum(r[0] for r in results), sum(r[1] for r in results)
+    print(f"     {cycles} cycles by {workers} workers in {seconds:.0f} s behind {front} leased rows: {empty} empty takes")
+    assert cycles > workers * 100, f"the workers ran only {cycles} cycles"
+    assert empty == 0, f"{empty} of {cycles} takes came back empty beside at least {ready - workers} ready rows"
+
+
 def test_health_shows_the_snapshot_a_forgotten_transaction_pins():
     """A session left in REPEATABLE READ holds a snapshot: sturdy.health's
     'oldest snapshot' shows its age, and nothing once it ends."""

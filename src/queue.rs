@@ -57,9 +57,7 @@ use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::heads;
 use crate::plan::{self, Statement, first_value, run_one};
-use crate::rescan::{
-    LEAST_DUE, Position, Rescans, SLACK, START, ScanFrom, floor_after, time_param,
-};
+use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, time_param};
 
 /// The same statement for the current schema and for 0.1.0's (see
 /// [`schema`]): `$sql` is a macro that writes it for either, by
@@ -699,6 +697,16 @@ struct Floor {
     drain: bool,
 }
 
+/// A take that comes up short more than this long (µs) after its
+/// transaction began, or after its last scan by the clock began, scans
+/// again by the clock before it says empty (see [`take`]): long enough
+/// that others may have taken every row due by the time it judged by. A
+/// take of an empty queue takes a few dozen microseconds.
+const RECHECK_AFTER: pg_sys::TimestampTz = 1_000;
+
+/// The most scans by the clock a take that came up short runs (see [`take`]).
+const CLOCK_SCANS: usize = 4;
+
 /// Queues a backend keeps floors for; past this many it forgets them all.
 const FLOORS_KEPT: usize = 1024;
 
@@ -1059,6 +1067,47 @@ fn take(
         stood,
         generation,
     );
+    // Due means due by `now()`, the transaction's start. When the take comes
+    // up short with that stale, the scans may have judged by a time gone
+    // by: while they walked, the others took every row due by it, and the
+    // rows scheduled since are not due by it. A scan from the start that
+    // walked millions of dead entries under a pinned xmin, at 16 clients on
+    // two cores, took 3.7 s of clock time (`bench/README.md`, eighth
+    // session); under a dead front of a million entries a first take's scan
+    // from the start took a few hundred milliseconds, and the one scan by
+    // the clock that followed from its own floor, as far behind, came up
+    // empty too, beside a thousand ready rows (twenty-second session); or the
+    // caller's transaction began long ago. So before the take says empty
+    // it scans again by the clock, from the furthest floor (its own, or one
+    // another backend reached under this generation since, which holds as
+    // its own would: where the others have got to), and again, by a clock
+    // read afresh, while a scan came up short but took long enough for the
+    // head to move on ([`RECHECK_AFTER`]), up to [`CLOCK_SCANS`] of them. Not
+    // when `now()` is stale by the lease or more: the lease counts from
+    // `now()`, and would have ended before the row was handed out.
+    let mut stale_since = pg_sys::TimestampTz::from(now);
+    for _ in 0..CLOCK_SCANS {
+        if taken.rows >= max as usize {
+            break;
+        }
+        let clock = pgrx::datum::clock_timestamp();
+        let at_clock = pg_sys::TimestampTz::from(clock);
+        if at_clock - stale_since <= RECHECK_AFTER
+            || i128::from(at_clock - pg_sys::TimestampTz::from(now)) >= lease.as_micros()
+        {
+            break;
+        }
+        let own = FLOORS.with(|f| f.borrow().get(queue.bytes()).map(|fl| fl.at));
+        let further = shared.and_then(|(q, g)| heads::read(&q, g));
+        let Some(at) = own.max(further) else {
+            break;
+        };
+        let left = (max as usize - taken.rows) as i64;
+        let more = take_from(call, stmt, queue, lease, left, at, clock, batch)?;
+        remember(queue, &more, None, None, generation);
+        taken.rows += more.rows;
+        stale_since = at_clock;
+    }
     if let Some((q, g)) = shared
         && let Some(at) = FLOORS.with(|f| {
             let floors = f.borrow();
@@ -1067,29 +1116,6 @@ fn take(
         })
     {
         heads::offer(&q, g, at);
-    }
-    // Due means due by `now()`, the transaction's start. When that is stale
-    // by more than `SLACK` when the take comes up short, the scans may have
-    // judged by a time long gone: a scan from the start that walked millions
-    // of dead entries under a pinned xmin, at 16 clients on two cores, took
-    // 3.7 s of clock time, and every row due at its start had been taken by
-    // others meanwhile while those scheduled since were not yet due by it
-    // (measured: `bench/README.md`, eighth session); or the caller's
-    // transaction began long ago. So one more scan, from the floor just
-    // kept, takes what is due by the clock, before the take says empty. Not
-    // when `now()` is stale by the lease or more: the lease counts from
-    // `now()`, and would have ended before the row was handed out.
-    if taken.rows < max as usize
-        && let clock = pgrx::datum::clock_timestamp()
-        && let stale = pg_sys::TimestampTz::from(clock) - pg_sys::TimestampTz::from(now)
-        && stale > SLACK
-        && i128::from(stale) < lease.as_micros()
-        && let Some(at) = FLOORS.with(|f| f.borrow().get(queue.bytes()).map(|fl| fl.at))
-    {
-        let left = (max as usize - taken.rows) as i64;
-        let more = take_from(call, stmt, queue, lease, left, at, clock, batch)?;
-        remember(queue, &more, None, None, generation);
-        taken.rows += more.rows;
     }
     if taken.rows == 0 {
         run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
