@@ -6,6 +6,8 @@ Each case is a pair of pgbench scripts (pg_sturdy's and a baseline) run at
 1, 4 and 16 clients, interleaved and repeated, from a steady state with
 history (bench/setup.sql). After every run it reads pg_stat_user_tables and
 reports any sequential scan on a hot table: a plan gone bad shows up there.
+Before every run of a queue case its queues (and pgmq's) are vacuumed: the
+top-ups' ANALYZE would otherwise cancel autovacuum on them every time.
 
 Every case runs in both commit regimes, side by side: synchronous_commit on
 (the disk's flush sets the pace) and off (the CPU does: what a server with a
@@ -351,12 +353,15 @@ def main():
                                 psql(case["before"])
                             if side == "base" and case.get("before_base") == "pgmq":
                                 psql(pgmq_backlog(), "pgmq")
+                                psql("VACUUM pgmq.q_bench", "pgmq")  # as ours, below
                             if builds and side in ("sturdy", "ab", "own"):
                                 builds.use("B" if side == "ab" else "A")
-                            if builds:
-                                # a restart puts autovacuum's first round a
-                                # minute off: restarted this often, it never
-                                # comes, and the queues bloat run after run
+                            if builds or case.get("before") or side == "own":
+                                # the top-up's ANALYZE cancels autovacuum on
+                                # the queues every time (and with BENCH_AB a
+                                # restart puts its first round a minute off):
+                                # unvacuumed, they bloat run after run, which
+                                # no server with a working autovacuum sees
                                 psql("VACUUM sturdy.queue, seed.workflow_queue")
                             before = seq_scans()
                             rate = pgbench(script, clients, db, regime) * per
