@@ -583,6 +583,17 @@ def queue_entries_read(c):
     return read
 
 
+def lease_a_front(c, queue, n):
+    """n rows leased for an hour at the front of the queue (due an hour ago):
+    every take from the start walks them, heap visit and all."""
+    c.execute(
+        "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, leased_until)"
+        " SELECT %s, 'held-' || i, now() - interval '1 hour', now(), now() + interval '1 hour'"
+        " FROM generate_series(1, %s) i",
+        (queue, n),
+    )
+
+
 def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
     """A take's periodic scan from the start walks everything in front of
     the queue's ready rows; where takes share floors, one connection of the
@@ -600,12 +611,7 @@ def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
     with connect() as c:
         if not floors_shared(c):
             raise Skip("floors are each connection's own here: each scans from the start by its own schedule")
-        c.execute(
-            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, leased_until)"
-            " SELECT %s, 'held-' || i, now() - interval '1 hour', now(), now() + interval '1 hour'"
-            " FROM generate_series(1, %s) i",
-            (queue, front),
-        )
+        lease_a_front(c, queue, front)
         c.execute(
             "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
             " SELECT %s, 'ready-' || i, now() - interval '1 minute', now() FROM generate_series(1, 100000) i",
@@ -671,12 +677,7 @@ def test_a_take_behind_a_slow_scan_never_comes_back_empty_beside_ready_rows():
     front, ready, workers, seconds = 100_000, 30, 8, 5.0
     queue = f"slow-scan-{time.time_ns()}"
     with connect() as c:
-        c.execute(
-            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at, leased_until)"
-            " SELECT %s, 'held-' || i, now() - interval '1 hour', now(), now() + interval '1 hour'"
-            " FROM generate_series(1, %s) i",
-            (queue, front),
-        )
+        lease_a_front(c, queue, front)
         c.execute(
             "SELECT sturdy.schedule('ready-' || i, now() - interval '1 minute', %s) FROM generate_series(1, %s) i",
             (queue, ready),
