@@ -484,8 +484,9 @@ def report(results, seq, search_path):
             target = next((c.get("target") for c in CASES if c["name"] == case), None)
             if target and r["base"]:
                 of_base, of_ceiling = target
-                goal = [min(of_base * b, of_ceiling * c) for b, c in zip(r["base"], r["ceiling"])]
-                binding = sum(of_base * b <= of_ceiling * c for b, c in zip(r["base"], r["ceiling"]))
+                pairs = [(of_base * b, of_ceiling * c) for b, c in zip(r["base"], r["ceiling"])]
+                goal = [min(pair) for pair in pairs]
+                binding = sum(b <= c for b, c in pairs)
                 targets.append(f"| {case.split(':')[0]} | {regime} | {clients} | {fmt(goal)} | "
                                f"{binding} of {len(goal)} | {ratio(r['sturdy'], goal)} |")
         if targets:
