@@ -45,6 +45,9 @@ as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE D
 as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
 python3 pg_test/concurrency.py "host=$dir/cluster port=$port user=postgres dbname=sturdy_concurrency" \
     | tee "$out/concurrency.log" || status=1
+# The calls served without a statement against their statements, over what
+# users do to tables; timeouts, cancels and a deadlock at every wait.
+python3 pg_test/fastpath.py "host=$dir/cluster port=$port user=postgres" | tee "$out/fastpath.log" || status=1
 # pg_dump of a database with rows in every table, restored into a fresh one.
 python3 pg_test/dump_restore.py "$bindir" "host=$dir/cluster port=$port user=postgres" \
     | tee "$out/dump_restore.log" || status=1
@@ -56,9 +59,10 @@ python3 pg_test/failover.py "$bindir" "$dir/failover" "${FAILOVER_PORT:-55450}" 
 # postmaster; nothing acknowledged lost, nothing half-done, the load drains.
 python3 pg_test/crash.py "$bindir" "$dir/cluster/data" "host=$dir/cluster port=$port user=postgres" \
     | tee "$out/crash.log" || status=1
-total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "$out"/concurrency.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log | grep -cE '^(ok|FAIL) ') ))
+logs=("$out"/concurrency.log "$out"/fastpath.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log)
+total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "${logs[@]}" | grep -cE '^(ok|FAIL) ') ))
 failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
-failed=$(( failed + $(cat "$out"/concurrency.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log | grep -c '^FAIL ' || true) ))
+failed=$(( failed + $(cat "${logs[@]}" | grep -c '^FAIL ' || true) ))
 
 if [ "$status" != 0 ]; then
     for d in "$out"/*/regression.diffs; do [ -s "$d" ] && { echo "== $d"; head -200 "$d"; }; done

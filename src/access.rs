@@ -86,6 +86,9 @@ struct Shape {
     attrs: Vec<Attr>,
     /// Whether the table has `CHECK` constraints.
     checks: bool,
+    /// Whether it has a stored generated column, which every insert and
+    /// update computes.
+    generated: bool,
     /// This backend's last 32 upserts into the table, a bit each (the
     /// latest lowest): 1 where a row with the key was there. Where few were
     /// ([`FOUND_AT_MOST`]), the next upsert inserts before it looks (see
@@ -142,6 +145,12 @@ enum Stored {
 }
 
 impl Shape {
+    /// Whether an update of a row can be written here: no `CHECK` to test,
+    /// no generated column to compute (a statement's update does both).
+    fn rewritable(&self) -> bool {
+        !self.checks && !self.generated
+    }
+
     /// The index whose key columns are exactly `cols`, in that order.
     fn index_on(&self, cols: &[Col]) -> Option<pg_sys::Oid> {
         self.indexes
@@ -183,6 +192,10 @@ thread_local! {
     /// Leases written without a lock first (see [`Opened::lease_first`]).
     #[cfg(any(test, feature = "pg_test"))]
     static UNLOCKED: Cell<u64> = const { Cell::new(0) };
+    /// Run by [`Opened::lease_first`] once its snapshot is taken, for a test
+    /// to commit changes the lease must then find (another connection's).
+    #[cfg(any(test, feature = "pg_test"))]
+    static AFTER_SNAPSHOT: Cell<Option<fn()>> = const { Cell::new(None) };
 }
 
 /// How many shared invalidation messages this backend has taken in: one that
@@ -387,6 +400,9 @@ pub struct Locked {
 
 impl Drop for Locked {
     fn drop(&mut self) {
+        if unwinding() {
+            return;
+        }
         // SAFETY: made by `Opened::lock` in this transaction, released once;
         // the row lock stays until the transaction ends.
         unsafe {
@@ -401,13 +417,29 @@ struct Open(pg_sys::Relation);
 
 impl Drop for Open {
     fn drop(&mut self) {
+        if unwinding() {
+            return;
+        }
         // SAFETY: opened by us in this transaction; the lock stays until its
-        // end, as a statement's does. Also run while an error raised beneath
-        // us unwinds (pgrx has turned it into a panic by then, with
-        // Postgres's error state flushed); closing is then what the abort's
-        // cleanup would have done.
+        // end, as a statement's does.
         unsafe { pg_sys::relation_close(self.0, pg_sys::NoLock as _) }
     }
+}
+
+/// Whether an error (raised beneath us, and turned into a panic by pgrx) or
+/// a panic of ours is unwinding through the caller: then a destructor here
+/// must not call into Postgres. The server may be in any state an error
+/// leaves it in: `nextval`'s lock wait, for one, runs under the
+/// transaction's resource owner and raises a timeout from there, so closing
+/// a relation would look for it in the wrong owner and raise again, inside
+/// a destructor, while unwinding, which aborts the process and with it every
+/// session of the server. Nothing needs doing, either: the error ends in
+/// the abort of the transaction or of the subtransaction the call runs in
+/// (`fmgr::call` raises it again; `subxact` rolls back), whose resource
+/// owner releases what was held here (relation references, snapshots, the
+/// buffer pins of slots), as it does for a statement that fails.
+fn unwinding() -> bool {
+    std::thread::panicking()
 }
 
 impl Table {
@@ -479,7 +511,10 @@ impl Table {
         unsafe {
             // one privilege at a time: given several, pg_class_aclcheck
             // answers whether the role holds any of them
+            // a loaded module that checks a statement's permissions itself
+            // (sepgsql, pgaudit's object audit) must see every write
             if pg_sys::XactReadOnly
+                || std::ptr::read(&raw const pg_sys::ExecutorCheckPerms_hook).is_some()
                 || !privileges.iter().all(|&p| holds(relid, p))
                 || !holds(relid, pg_sys::ACL_SELECT)
             {
@@ -500,9 +535,11 @@ impl Table {
                 return None;
             }
             let class = &*(*rel.0).rd_rel;
-            // (a table inheriting from it: the statement reaches its rows too)
+            // (a table inheriting from it: the statement reaches its rows
+            // too; attached as a partition: its bounds are a constraint)
             if class.relkind as u8 != pg_sys::RELKIND_RELATION
                 || class.relhassubclass
+                || class.relispartition
                 || !(*rel.0).trigdesc.is_null()
                 || !(*rel.0).rd_rules.is_null()
                 || class.relrowsecurity
@@ -662,7 +699,7 @@ impl Opened {
     pub fn can_update(&self, cols: &[(Col, pg_sys::Oid, bool)]) -> bool {
         let shape = &self.shape;
         self.may(pg_sys::ACL_UPDATE)
-            && !shape.checks
+            && shape.rewritable()
             && cols.iter().all(|&(col, oid, null)| {
                 shape.types[col.0] == oid
                     && (!null || !shape.attrs[shape.attnums[col.0] as usize - 1].not_null)
@@ -750,10 +787,19 @@ impl Opened {
             // rewritten since) cannot be read; none can be cut off while we
             // hold our lock, and none was since `tid` was learnt where this
             // backend has taken in no invalidation since (a truncation sends
-            // one before it lets go of its lock, which ours waited for): then
-            // the table's size is not asked for, a system call a `done`
+            // one before it lets go of its lock, which ours waited for) and
+            // its own transaction has not given the table a new file (a
+            // `TRUNCATE`, `CLUSTER` or `VACUUM FULL` of its own, whose
+            // invalidation it takes in only locally, at once): then the
+            // table's size is not asked for, a system call a `done`
             let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
-            let fits = (Invalidations::now() == seen
+            #[cfg(feature = "pg15")]
+            let renewed = (*rel.0).rd_firstRelfilenodeSubid;
+            #[cfg(not(feature = "pg15"))]
+            let renewed = (*rel.0).rd_firstRelfilelocatorSubid;
+            let fits = ((Invalidations::now() == seen
+                // (InvalidSubTransactionId)
+                && renewed == 0)
                 || block
                     < pg_sys::RelationGetNumberOfBlocksInFork(
                         rel.0,
@@ -827,6 +873,7 @@ impl Opened {
             let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let check = shape.attnums[check.0];
             let outcome = loop {
+                pg_sys::check_for_interrupts!();
                 let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
                 let mut keys = key_scan(index.0, key);
                 let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..key.len()], false);
@@ -890,7 +937,7 @@ impl Opened {
     ) -> Result<Option<bool>> {
         // SAFETY: as in `delete_if`; the new row version is formed from the
         // locked one's values with the table's own descriptor.
-        if !self.may(pg_sys::ACL_UPDATE) {
+        if !self.may(pg_sys::ACL_UPDATE) || !self.shape.rewritable() {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -933,6 +980,10 @@ impl Opened {
             pg_sys::CommandCounterIncrement();
             let cid = pg_sys::GetCurrentCommandId(true);
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+            #[cfg(any(test, feature = "pg_test"))]
+            if let Some(hook) = AFTER_SNAPSHOT.with(Cell::get) {
+                hook();
+            }
             // (queue, visible_at, seq) >= ($queue, $from): the one key the
             // index checks. A btree scan reads a leaf page at a time and
             // checks its keys against every entry from the start to the
@@ -1056,6 +1107,7 @@ impl Opened {
             };
             let mut outcome = Ok(false);
             loop {
+                pg_sys::check_for_interrupts!();
                 // `index_getnext_slot`, with the entry looked at before the
                 // heap (a chain that may hold another visible version is
                 // followed on, as there)
@@ -1158,11 +1210,11 @@ impl Opened {
                             // taken only to find it leased, would stay to our
                             // commit and make that taker's `done` wait for us; so
                             // the version the change made is read unlocked first,
-                            // and the newest locked only when that one is due. (A
-                            // row changed twice since, leased and then made due
-                            // again in place, is left to the next take, which sees
-                            // it as it stands; made due at another place in the
-                            // order, it has an index entry of its own there.)
+                            // and the newest locked only when that one is due, or
+                            // when it is not the newest itself (a row changed
+                            // again since, say leased and then made due again in
+                            // place: the statement locks the newest version and
+                            // rechecks that, and so do we).
                             let mut next = failure.ctid;
                             if pg_sys::table_tuple_fetch_row_version(
                                 rel.0,
@@ -1170,6 +1222,7 @@ impl Opened {
                                 &raw mut pg_sys::SnapshotAnyData,
                                 locked,
                             ) && is_due(locked).is_none()
+                                && looks_newest(locked)
                             {
                                 continue;
                             }
@@ -1338,6 +1391,13 @@ impl Opened {
             })
         };
         unsafe {
+            // an `ON CONFLICT DO UPDATE` is refused as a whole, before it
+            // inserts, where its update would be (a publication of updates,
+            // no replica identity), as the executor refuses it when it starts
+            pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_INSERT);
+            if update {
+                pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
+            }
             // (for the look and for the insert's entry)
             let index = Open(pg_sys::index_open(
                 shape.pkey,
@@ -1353,6 +1413,7 @@ impl Opened {
             // own unique check finds a row there, and then we look)
             let mut look = shape.found.get().count_ones() > FOUND_AT_MOST;
             let outcome = loop {
+                pg_sys::check_for_interrupts!();
                 let found = if look {
                     conflicting(rel.0, index.0, u.key, existing)
                 } else {
@@ -1456,7 +1517,6 @@ impl Opened {
                 {
                     break Ok((Upserted::Kept, keep(existing)));
                 }
-                pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
                 let set: Vec<pg_sys::AttrNumber> =
                     u.set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
                 let mut incremented = None;
@@ -1539,7 +1599,7 @@ impl Row {
                 .iter()
                 .chain(u.insert_only)
                 .all(|&(col, oid, _)| typed(col, oid))
-            || shape.checks
+            || !shape.rewritable()
             || shape
                 .indexes
                 .iter()
@@ -1628,6 +1688,7 @@ unsafe fn conflicting(
 ) -> Option<pg_sys::ItemPointerData> {
     unsafe {
         loop {
+            pg_sys::check_for_interrupts!();
             let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
             dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
             let mut keys = key_scan(index, key);
@@ -1801,6 +1862,37 @@ unsafe fn looks_free(slot: *mut pg_sys::TupleTableSlot) -> bool {
         let infomask = std::ptr::read_volatile(&raw const (*header).t_infomask);
         let xmax = std::ptr::read_volatile(&raw const (*header).t_choice.t_heap.t_xmax);
         infomask & pg_sys::HEAP_XMAX_INVALID as u16 != 0 || xmax == pg_sys::InvalidTransactionId
+    }
+}
+
+/// Whether the heap version in `slot` shows itself the newest of its row:
+/// no one updated it (its `xmax` empty, aborted, only a lock's, or a
+/// delete's, which leaves its place pointing at itself). Read without the
+/// page's lock, so a hint: a version taken for older than it is only sends
+/// the caller to lock the newest and recheck it, as the statement does.
+///
+/// # Safety
+/// As [`looks_free`].
+unsafe fn looks_newest(slot: *mut pg_sys::TupleTableSlot) -> bool {
+    unsafe {
+        if !std::ptr::eq((*slot).tts_ops, &raw const pg_sys::TTSOpsBufferHeapTuple) {
+            return false;
+        }
+        let tuple = (*slot.cast::<pg_sys::BufferHeapTupleTableSlot>())
+            .base
+            .tuple;
+        if tuple.is_null() || (*tuple).t_data.is_null() {
+            return false;
+        }
+        let header = (*tuple).t_data;
+        let infomask = u32::from(std::ptr::read_volatile(&raw const (*header).t_infomask));
+        let locked_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+            || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
+                == pg_sys::HEAP_XMAX_EXCL_LOCK;
+        let next = std::ptr::read_volatile(&raw const (*header).t_ctid);
+        infomask & pg_sys::HEAP_XMAX_INVALID != 0
+            || locked_only
+            || same_tid(&next, &(*tuple).t_self)
     }
 }
 
@@ -2341,7 +2433,7 @@ unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
                 && form.indisvalid
                 && form.indisready;
             let keys = form.indkey.values.as_slice(form.indnatts as usize).to_vec();
-            if !plain || keys.contains(&0) {
+            if !plain || keys.contains(&0) || !ordered_as_assumed(index.0, relid, &keys) {
                 return None;
             }
             indexes.push(Index {
@@ -2360,10 +2452,20 @@ unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
         let attrs = (0..(*desc).natts as usize)
             .map(|i| {
                 let a = &*attribute(desc, i);
-                let default = defaults
-                    .iter()
-                    .find(|d| d.adnum as usize == i + 1)
-                    .map_or(Stored::None, |d| default_of(d.adbin));
+                let default = match defaults.iter().find(|d| d.adnum as usize == i + 1) {
+                    Some(d) => default_of(d.adbin),
+                    // without a default of its own, a column takes its
+                    // type's (a domain's), and a domain's constraints are
+                    // checked on what it is given, NULL included: only a
+                    // statement does either
+                    None if !a.attisdropped
+                        && (pg_sys::get_typtype(a.atttypid) as u8 == pg_sys::TYPTYPE_DOMAIN
+                            || !pg_sys::get_typdefault(a.atttypid).is_null()) =>
+                    {
+                        Stored::Other
+                    }
+                    None => Stored::None,
+                };
                 Attr {
                     dropped: a.attisdropped,
                     not_null: a.attnotnull,
@@ -2379,7 +2481,37 @@ unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
             pkey,
             attrs,
             checks: !constr.is_null() && (*constr).num_check > 0,
+            generated: !constr.is_null() && (*constr).has_generated_stored,
             found: Cell::new(u32::MAX),
+        })
+    }
+}
+
+/// Whether the btree `index` on `relid`'s columns `keys` orders and
+/// compares as the calls here assume: every column ascending with NULLs
+/// last, by its type's default operator class (the scan keys name those
+/// classes' comparison functions), and text under a deterministic collation
+/// (equal only where the bytes are, which is how keys and queues are
+/// compared here).
+///
+/// # Safety
+/// `index` is open; `keys` are its key columns' attribute numbers.
+unsafe fn ordered_as_assumed(
+    index: pg_sys::Relation,
+    relid: pg_sys::Oid,
+    keys: &[pg_sys::AttrNumber],
+) -> bool {
+    unsafe {
+        keys.iter().enumerate().all(|(i, &attnum)| {
+            let type_ = pg_sys::get_atttype(relid, attnum);
+            let class = pg_sys::GetDefaultOpClass(type_, pg_sys::BTREE_AM_OID);
+            let collation = *(*index).rd_indcollation.add(i);
+            *(*index).rd_indoption.add(i) == 0
+                && class != pg_sys::InvalidOid
+                && *(*index).rd_opfamily.add(i) == pg_sys::get_opclass_family(class)
+                && *(*index).rd_opcintype.add(i) == pg_sys::get_opclass_input_type(class)
+                && (collation == pg_sys::InvalidOid
+                    || pg_sys::get_collation_isdeterministic(collation))
         })
     }
 }
@@ -2474,5 +2606,141 @@ fn unexpected(call: &'static str, result: pg_sys::TM_Result::Type) -> Error {
     Error::Internal {
         context: "access",
         cause: format!("unexpected {call} result {result}"),
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use std::cell::Cell;
+
+    use pgrx::pg_sys;
+    use pgrx::prelude::*;
+
+    use super::{AFTER_SNAPSHOT, served};
+
+    thread_local! {
+        /// Checks the permission hook below saw of `sturdy.queue`.
+        static AUDITED: Cell<u64> = const { Cell::new(0) };
+        /// Times the hook below changed the row.
+        static CHANGES: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// Count the range-table entries (15) or permission entries (16 and
+    /// later) naming `sturdy.queue`; allow everything.
+    unsafe fn audit_list(
+        list: *mut pg_sys::List,
+        relid: impl Fn(*mut std::ffi::c_void) -> pg_sys::Oid,
+    ) -> bool {
+        unsafe {
+            let namespace = pg_sys::get_namespace_oid(c"sturdy".as_ptr(), false);
+            let queue = pg_sys::get_relname_relid(c"queue".as_ptr(), namespace);
+            if !list.is_null() {
+                for i in 0..(*list).length as usize {
+                    if relid((*(*list).elements.add(i)).ptr_value) == queue {
+                        AUDITED.with(|n| n.set(n.get() + 1));
+                    }
+                }
+            }
+            true
+        }
+    }
+
+    #[cfg(feature = "pg15")]
+    #[pg_guard]
+    unsafe extern "C-unwind" fn audit(range_table: *mut pg_sys::List, _raise: bool) -> bool {
+        unsafe { audit_list(range_table, |p| (*p.cast::<pg_sys::RangeTblEntry>()).relid) }
+    }
+
+    #[cfg(not(feature = "pg15"))]
+    #[pg_guard]
+    unsafe extern "C-unwind" fn audit(
+        _range_table: *mut pg_sys::List,
+        permissions: *mut pg_sys::List,
+        _raise: bool,
+    ) -> bool {
+        unsafe {
+            audit_list(permissions, |p| {
+                (*p.cast::<pg_sys::RTEPermissionInfo>()).relid
+            })
+        }
+    }
+
+    /// With a module's `ExecutorCheckPerms_hook` set (sepgsql, pgaudit's
+    /// object audit), every write goes through its statement, which the
+    /// hook sees; without it, the same calls go without one.
+    #[pg_test]
+    fn a_permission_checking_module_sees_every_write() {
+        let calls = [
+            "SELECT sturdy.schedule('audited', now() - interval '1 second', 'audit')",
+            "CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('audit')",
+            "SELECT sturdy.done(workflow, receipt, 'audit') FROM t",
+        ];
+        for hooked in [false, true] {
+            Spi::run("DROP TABLE IF EXISTS t").unwrap();
+            // SAFETY: the hook is this backend's, set for these calls only
+            // and put back as it was.
+            let previous = unsafe { pg_sys::ExecutorCheckPerms_hook };
+            if hooked {
+                unsafe { pg_sys::ExecutorCheckPerms_hook = Some(audit) };
+            }
+            for call in calls {
+                let (before, audited) = (served(), AUDITED.with(Cell::get));
+                Spi::run(call).unwrap();
+                let went_without = served() > before;
+                let seen = AUDITED.with(Cell::get) > audited;
+                assert_eq!(
+                    (went_without, seen),
+                    (!hooked, hooked),
+                    "{call}, hook set: {hooked}: (without a statement, seen by the hook)"
+                );
+            }
+            unsafe { pg_sys::ExecutorCheckPerms_hook = previous };
+        }
+    }
+
+    /// The other connection's two commits: a lease of the row, then the
+    /// lease taken back (each a new version of it, in place).
+    fn lease_and_release() {
+        if CHANGES.with(Cell::get) >= 8 {
+            return;
+        }
+        CHANGES.with(|n| n.set(n.get() + 1));
+        Spi::run(
+            "SELECT dblink_exec('chain', 'UPDATE sturdy.queue SET leased_until = now() + interval ''1 hour'' WHERE queue = ''chain''');
+             SELECT dblink_exec('chain', 'UPDATE sturdy.queue SET leased_until = NULL WHERE queue = ''chain''')",
+        )
+        .unwrap();
+    }
+
+    /// Read committed, a take that finds its row changed since its snapshot
+    /// twice over (leased, then due again) leases the newest version, as
+    /// the statement (which locks the newest and rechecks it) would: the
+    /// version between, leased, is not the row as it stands.
+    #[pg_test]
+    fn a_take_leases_a_row_changed_twice_since_its_snapshot_where_its_newest_version_is_due() {
+        Spi::run(
+            "CREATE EXTENSION IF NOT EXISTS dblink;
+             SELECT dblink_connect('chain', pg_catalog.format('dbname=%s port=%s host=%s user=%s',
+                 current_database(), current_setting('port'),
+                 split_part(current_setting('unix_socket_directories'), ',', 1), current_user));
+             SELECT dblink_exec('chain', 'SELECT sturdy.schedule(''c'', now() - interval ''1 minute'', ''chain'')')",
+        )
+        .unwrap();
+        CHANGES.with(|n| n.set(0));
+        AFTER_SNAPSHOT.with(|h| h.set(Some(lease_and_release)));
+        let taken = Spi::get_one::<String>("SELECT workflow FROM sturdy.take('chain', '1 minute')");
+        AFTER_SNAPSHOT.with(|h| h.set(None));
+        // the row, committed by the other connection, goes once this test's
+        // transaction (which holds it) has rolled back
+        Spi::run(
+            "SELECT dblink_send_query('chain', 'DELETE FROM sturdy.queue WHERE queue = ''chain''')",
+        )
+        .unwrap();
+        assert!(
+            CHANGES.with(Cell::get) >= 1,
+            "the row was never changed under the take"
+        );
+        assert_eq!(taken.unwrap().as_deref(), Some("c"));
     }
 }
