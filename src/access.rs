@@ -17,19 +17,23 @@
 //! the plan's nodes would do at run time: index descents, tuple locks,
 //! `table_tuple_delete` and `table_tuple_update`.
 //!
-//! Only where nothing a statement would also do is skipped: the table must be
-//! a plain table with no triggers (foreign keys that reference it are
-//! triggers), no rules, no row-level security and no table inheriting from
-//! it, its indexes plain btrees on
-//! columns (no expressions, no predicates, no deferred uniqueness, so that an
-//! update that cannot be HOT inserts its entries as the executor would); for
-//! an insert, no `CHECK` constraint, no unique index but the primary key, and
-//! every column the row does not name NULL-able with no default, or with the
-//! very default the caller gives; the
+//! Only where nothing a statement would also do is skipped: a plain table,
+//! not a partition, with no table inheriting from it, no triggers (foreign
+//! keys that reference it are triggers), no rules, no row-level security and
+//! no stored generated column; its indexes plain btrees on columns (no
+//! expressions, no predicates, no deferred uniqueness), every key ascending
+//! with NULLs last by its type's default operator class, `text` keys under a
+//! deterministic collation; for an update or an insert, no `CHECK`
+//! constraint; for an insert, no unique index but the primary key, and every
+//! column the row does not name NULL-able with no default (its own, its
+//! type's or a domain's), or with the very default the caller gives; no
+//! module checking a statement's permissions itself (`ExecutorCheckPerms_hook`);
+//! the
 //! caller must hold, at the table level, the privileges the statement needs
 //! (`DELETE`, `UPDATE` or both `INSERT` and `UPDATE`, and `SELECT`; what
 //! `pg_class_aclcheck` answered is kept per role until an invalidation that
-//! could change it); the transaction must be read-write.
+//! could change it); the transaction must be read-write. The whole list,
+//! and how it is tested against the statements, is `docs/fastpath.md`.
 //! Where any of that does not hold, the call answers `None` and the caller
 //! runs its statement, which does what the executor does and raises what it
 //! raises. What the executor does when a row changes under it is done here
@@ -2724,23 +2728,31 @@ mod tests {
              SELECT dblink_connect('chain', pg_catalog.format('dbname=%s port=%s host=%s user=%s',
                  current_database(), current_setting('port'),
                  split_part(current_setting('unix_socket_directories'), ',', 1), current_user));
-             SELECT dblink_exec('chain', 'SELECT sturdy.schedule(''c'', now() - interval ''1 minute'', ''chain'')')",
+             SELECT * FROM dblink('chain', 'SELECT sturdy.schedule(''c'', now() - interval ''1 minute'', ''chain'')::text')
+               AS t(scheduled text)",
         )
         .unwrap();
         CHANGES.with(|n| n.set(0));
         AFTER_SNAPSHOT.with(|h| h.set(Some(lease_and_release)));
-        let taken = Spi::get_one::<String>("SELECT workflow FROM sturdy.take('chain', '1 minute')");
+        // in a subtransaction rolled back after it, so that the other
+        // connection can delete the row it committed
+        let taken = std::cell::RefCell::new(None);
+        let _ = crate::subxact::subtransaction(|| {
+            *taken.borrow_mut() =
+                Spi::get_one::<String>("SELECT workflow FROM sturdy.take('chain', '1 minute')")
+                    .unwrap();
+            Ok(None::<()>)
+        });
         AFTER_SNAPSHOT.with(|h| h.set(None));
-        // the row, committed by the other connection, goes once this test's
-        // transaction (which holds it) has rolled back
         Spi::run(
-            "SELECT dblink_send_query('chain', 'DELETE FROM sturdy.queue WHERE queue = ''chain''')",
+            "SELECT dblink_exec('chain', 'DELETE FROM sturdy.queue WHERE queue = ''chain''');
+             SELECT dblink_disconnect('chain')",
         )
         .unwrap();
         assert!(
             CHANGES.with(Cell::get) >= 1,
             "the row was never changed under the take"
         );
-        assert_eq!(taken.unwrap().as_deref(), Some("c"));
+        assert_eq!(taken.into_inner().as_deref(), Some("c"));
     }
 }
