@@ -72,8 +72,8 @@ CREATE PROCEDURE sturdy.batch_all(
 LANGUAGE plpgsql SECURITY INVOKER
 AS $$
 DECLARE
-    r record;
-    started timestamptz := pg_catalog.clock_timestamp();
+    r pg_catalog.record;
+    started pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     done := 0;
     chunks := 0;

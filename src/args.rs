@@ -53,12 +53,6 @@ pub fn name(arg: &'static str, v: Option<Text>) -> Result<Name> {
     }
 }
 
-/// A name pg_sturdy made itself (an instance's workflow name), checked as
-/// [`name`] checks one passed in.
-pub fn name_of(arg: &'static str, s: &str) -> Result<Name> {
-    name(arg, Some(Text::new(s)))
-}
-
 /// An optional name: NULL passes, empty and over-long are refused.
 pub fn optional_name(arg: &'static str, v: Option<Text>) -> Result<Option<Name>> {
     v.map(|v| name(arg, Some(v))).transpose()

@@ -274,7 +274,7 @@ SELECT (SELECT pg_catalog.count(*) FROM updated), (SELECT pg_catalog.count(*) FR
             Ok((
                 rows.get::<i64>(0, 1).unwrap_or(0),
                 rows.get::<i64>(0, 2).unwrap_or(0),
-                rows.get::<String>(0, 3),
+                utf8_key(rows.get::<Text>(0, 3))?,
                 seconds,
             ))
         })
@@ -318,9 +318,32 @@ impl Fnv {
     }
 }
 
+/// A key value of the batch's table as text (the last one a chunk picked),
+/// for the next chunk's statement, whose values are UTF-8: in a database of
+/// another encoding, a key whose text is not is refused with `22021`
+/// rather than misread.
+fn utf8_key(key: Option<Text>) -> Result<Option<String>> {
+    key.map(|k| {
+        String::from_utf8(k.bytes().to_vec()).map_err(|_| Error::Raised {
+            code: *b"22021",
+            message: format!(
+                "a key of the batch's table is not valid UTF-8: {}",
+                k.lossy()
+            ),
+            detail: None,
+            hint: Some(
+                "batch walks a text key only where its values are UTF-8: pass key => a column of another type, such as an integer id."
+                    .into(),
+            ),
+        })
+    })
+    .transpose()
+}
+
 /// A batch's progress row, locked.
 struct State {
-    name: String,
+    /// As stored: in a database whose encoding is not UTF-8, any bytes.
+    name: Vec<u8>,
     chunk: i64,
     cursor: Option<String>,
     remaining: Option<i64>,
@@ -333,9 +356,12 @@ fn read_state(rows: &Rows) -> Result<Option<State>> {
         return Ok(None);
     }
     Ok(Some(State {
-        name: rows.get::<String>(0, 1).unwrap_or_default(),
+        name: rows
+            .get::<Text>(0, 1)
+            .map(|t| t.bytes().to_vec())
+            .unwrap_or_default(),
         chunk: rows.get::<i64>(0, 2).unwrap_or(1),
-        cursor: rows.get::<String>(0, 3),
+        cursor: utf8_key(rows.get::<Text>(0, 3))?,
         remaining: rows.get::<i64>(0, 4),
         finished: rows.get::<bool>(0, 5).unwrap_or(false),
         target_seconds: rows.get::<f64>(0, 6),
@@ -497,7 +523,7 @@ fn run_chunk(spec: &Spec, state: &State, size: impl Fn(i64, i64, f64) -> i64) ->
     run_one(
         &ADVANCE,
         &[
-            state.name.as_str().into(),
+            Text::from_bytes(&state.name).into(),
             cursor
                 .as_deref()
                 .map_or_else(plan::null::<String>, Into::into),

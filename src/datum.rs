@@ -22,6 +22,18 @@ impl Text {
         Text(s.into_datum().unwrap_or(pg_sys::Datum::from(0)))
     }
 
+    /// A new `text` value holding `bytes` (in the server encoding, which
+    /// need not be UTF-8), allocated in the current memory context.
+    pub fn from_bytes(bytes: &[u8]) -> Text {
+        // SAFETY: copies `bytes.len()` bytes into a new varlena.
+        unsafe {
+            Text(pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
+                bytes.as_ptr().cast(),
+                bytes.len() as i32,
+            )))
+        }
+    }
+
     /// A copy, in the current memory context, of the `text` datum `d` (one
     /// that points into a buffer about to be released).
     pub fn copied(d: pg_sys::Datum) -> Text {

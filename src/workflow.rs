@@ -431,10 +431,13 @@ fn create(
         ],
         |t| {
             let row = t.first();
+            // as bytes: in a database whose encoding is not UTF-8 the
+            // names need not be
+            let bytes = |t: Option<Text>| t.map(|t| t.bytes().to_vec());
             Ok((
                 row.get::<i64>(1)?,
-                row.get::<String>(2)?,
-                row.get::<String>(3)?,
+                bytes(row.get::<Text>(2)?),
+                bytes(row.get::<Text>(3)?),
             ))
         },
     )?;
@@ -448,9 +451,9 @@ fn create(
         queue.ok_or_else(missing)?,
     );
     queue::schedule_at(
-        args::name_of("workflow", &workflow)?,
+        args::name("workflow", Some(Text::from_bytes(&workflow)))?,
         pgrx::datum::now(),
-        args::name_of("queue", &queue)?,
+        args::name("queue", Some(Text::from_bytes(&queue)))?,
     )?;
     Ok(id)
 }
@@ -555,11 +558,16 @@ fn transition(
     let from_status = parse_status("from_status", from_status)?;
     let to_status = parse_status("to_status", to_status)?;
     if let Some(token) = token {
-        let Some(workflow) = run_one(&INSTANCE_WORKFLOW, &[id.into()], first_value::<String>)?
+        let Some(workflow) = run_one(&INSTANCE_WORKFLOW, &[id.into()], |t| {
+            Ok(first_value::<Text>(t)?.map(|w| w.bytes().to_vec()))
+        })?
         else {
             return Ok(false);
         };
-        claim::fence_current(args::name_of("workflow", &workflow)?, token)?;
+        claim::fence_current(
+            args::name("workflow", Some(Text::from_bytes(&workflow)))?,
+            token,
+        )?;
     }
     let revision = expected_revision.map_or_else(null::<i64>, Into::into);
     let error = error.map_or_else(null::<Text>, Into::into);

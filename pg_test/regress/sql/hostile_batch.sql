@@ -23,3 +23,17 @@ SELECT (SELECT count(*) FROM evil.batches) AS evil_batches;
 RESET search_path;
 SELECT status, count(*) FROM public.hb GROUP BY status ORDER BY status;
 SELECT name, done, remaining, chunks, complete FROM sturdy.batch_jobs;
+-- Temporary types named like those batch_all declares: PostgreSQL looks in
+-- the session's pg_temp first for types (not for functions), and nothing of
+-- the caller's may run inside batch_all but its fragments. In a fresh
+-- backend, so the procedure is compiled with the domains there.
+CREATE TABLE public.hb2 (id int PRIMARY KEY, status int NOT NULL DEFAULT 1);
+INSERT INTO public.hb2 SELECT i FROM generate_series(1, 10) i;
+CREATE FUNCTION public.spy(x text) RETURNS boolean LANGUAGE plpgsql
+  AS $$BEGIN RAISE NOTICE 'caller code ran inside batch_all: %', x; RETURN true; END$$;
+\c
+CREATE DOMAIN pg_temp.timestamptz AS pg_catalog.timestamptz CHECK (public.spy('timestamptz'));
+CREATE DOMAIN pg_temp.record AS int CHECK (public.spy('record'));
+CREATE DOMAIN pg_temp.int8 AS pg_catalog.int8 CHECK (public.spy('int8'));
+CALL sturdy.batch_all('public.hb2', 'status = status + 1', 'status < 2');
+SELECT count(*) AS moved FROM public.hb2 WHERE status = 2;
