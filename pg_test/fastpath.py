@@ -327,6 +327,15 @@ WAITS = [
 ]
 
 
+def until_waiting(db, pid):
+    """Return once backend `pid` waits on a lock (or after 5 s)."""
+    with admin(db) as k:
+        for _ in range(200):
+            if k.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0]:
+                return
+            time.sleep(0.025)
+
+
 def wait_outcome(db, holder, call, how):
     """Hold `holder` open in one session; run `call` in another, ended by
     `how` (lock_timeout, statement_timeout, cancel, deadlock): its SQLSTATE,
@@ -343,13 +352,9 @@ def wait_outcome(db, holder, call, how):
             w.execute("SET statement_timeout = '300ms'")
         elif how == "cancel":
             def cancel():
+                until_waiting(db, pid)
                 with admin(db) as k:
-                    for _ in range(200):
-                        if k.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                                     (pid,)).fetchone()[0]:
-                            k.execute("SELECT pg_cancel_backend(%s)", (pid,))
-                            return
-                        time.sleep(0.025)
+                    k.execute("SELECT pg_cancel_backend(%s)", (pid,))
             canceller = threading.Thread(target=cancel)
             canceller.start()
         elif how == "deadlock":
@@ -361,12 +366,7 @@ def wait_outcome(db, holder, call, how):
             w.execute("LOCK TABLE sturdy.batches IN ACCESS EXCLUSIVE MODE")
 
             def close_the_cycle():
-                with admin(db) as k:
-                    for _ in range(200):
-                        if k.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                                     (pid,)).fetchone()[0]:
-                            break
-                        time.sleep(0.025)
+                until_waiting(db, pid)
                 try:
                     h.execute("SET deadlock_timeout = '10s'")
                     h.execute("LOCK TABLE sturdy.batches IN ACCESS SHARE MODE")

@@ -1852,20 +1852,30 @@ unsafe fn rewrite_unless_held(
 /// `slot` holds a version of a heap table, its buffer pinned.
 unsafe fn looks_free(slot: *mut pg_sys::TupleTableSlot) -> bool {
     unsafe {
-        if !std::ptr::eq((*slot).tts_ops, &raw const pg_sys::TTSOpsBufferHeapTuple) {
+        let Some(header) = heap_header(slot) else {
             return false;
-        }
-        let tuple = (*slot.cast::<pg_sys::BufferHeapTupleTableSlot>())
-            .base
-            .tuple;
-        if tuple.is_null() || (*tuple).t_data.is_null() {
-            return false;
-        }
-        let header = (*tuple).t_data;
+        };
         // (others may change both meanwhile, under the page's lock)
         let infomask = std::ptr::read_volatile(&raw const (*header).t_infomask);
         let xmax = std::ptr::read_volatile(&raw const (*header).t_choice.t_heap.t_xmax);
         infomask & pg_sys::HEAP_XMAX_INVALID as u16 != 0 || xmax == pg_sys::InvalidTransactionId
+    }
+}
+
+/// The header of the heap version in `slot`, for a look without the page's
+/// lock; `None` for a slot of another kind, or one holding nothing.
+///
+/// # Safety
+/// As [`looks_free`].
+unsafe fn heap_header(slot: *mut pg_sys::TupleTableSlot) -> Option<pg_sys::HeapTupleHeader> {
+    unsafe {
+        if !std::ptr::eq((*slot).tts_ops, &raw const pg_sys::TTSOpsBufferHeapTuple) {
+            return None;
+        }
+        let tuple = (*slot.cast::<pg_sys::BufferHeapTupleTableSlot>())
+            .base
+            .tuple;
+        (!tuple.is_null() && !(*tuple).t_data.is_null()).then(|| (*tuple).t_data)
     }
 }
 
@@ -1879,16 +1889,9 @@ unsafe fn looks_free(slot: *mut pg_sys::TupleTableSlot) -> bool {
 /// As [`looks_free`].
 unsafe fn looks_newest(slot: *mut pg_sys::TupleTableSlot) -> bool {
     unsafe {
-        if !std::ptr::eq((*slot).tts_ops, &raw const pg_sys::TTSOpsBufferHeapTuple) {
+        let Some(header) = heap_header(slot) else {
             return false;
-        }
-        let tuple = (*slot.cast::<pg_sys::BufferHeapTupleTableSlot>())
-            .base
-            .tuple;
-        if tuple.is_null() || (*tuple).t_data.is_null() {
-            return false;
-        }
-        let header = (*tuple).t_data;
+        };
         let infomask = u32::from(std::ptr::read_volatile(&raw const (*header).t_infomask));
         let locked_only = infomask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
             || infomask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
@@ -1896,7 +1899,7 @@ unsafe fn looks_newest(slot: *mut pg_sys::TupleTableSlot) -> bool {
         let next = std::ptr::read_volatile(&raw const (*header).t_ctid);
         infomask & pg_sys::HEAP_XMAX_INVALID != 0
             || locked_only
-            || same_tid(&next, &(*tuple).t_self)
+            || same_tid(&next, &(*slot).tts_tid)
     }
 }
 
