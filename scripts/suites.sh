@@ -48,6 +48,9 @@ python3 pg_test/concurrency.py "host=$dir/cluster port=$port user=postgres dbnam
 # The calls served without a statement against their statements, over what
 # users do to tables; timeouts, cancels and a deadlock at every wait.
 python3 pg_test/fastpath.py "host=$dir/cluster port=$port user=postgres" | tee "$out/fastpath.log" || status=1
+# A worker's loop through node-postgres, which binds every parameter untyped.
+NODE_PATH=${NODE_DIR:-/opt/pg_sturdy/node}/node_modules node pg_test/node_worker.cjs "$dir/cluster" "$port" \
+    | tee "$out/node.log" || status=1
 # pg_dump of a database with rows in every table, restored into a fresh one.
 python3 pg_test/dump_restore.py "$bindir" "host=$dir/cluster port=$port user=postgres" \
     | tee "$out/dump_restore.log" || status=1
@@ -59,7 +62,7 @@ python3 pg_test/failover.py "$bindir" "$dir/failover" "${FAILOVER_PORT:-55450}" 
 # postmaster; nothing acknowledged lost, nothing half-done, the load drains.
 python3 pg_test/crash.py "$bindir" "$dir/cluster/data" "host=$dir/cluster port=$port user=postgres" \
     | tee "$out/crash.log" || status=1
-logs=("$out"/concurrency.log "$out"/fastpath.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log)
+logs=("$out"/concurrency.log "$out"/fastpath.log "$out"/node.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log)
 total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "${logs[@]}" | grep -cE '^(ok|FAIL) ') ))
 failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
 failed=$(( failed + $(cat "${logs[@]}" | grep -c '^FAIL ' || true) ))

@@ -73,6 +73,17 @@ BEGIN
     END LOOP;
 END $$;
 
+-- done's array form under a name of its own (src/queue.rs): two functions
+-- named done whose arguments differ only in type cannot be told apart by a
+-- call with untyped parameters (node-postgres, pgx, pgbench -M prepared
+-- send every call so). The C function is the same.
+DROP FUNCTION sturdy.done(text[], timestamptz[], text);
+CREATE FUNCTION sturdy.done_many(workflows text[], receipts timestamptz[], queue text DEFAULT 'default') RETURNS bigint VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_done_many';
+COMMENT ON FUNCTION sturdy.done_many(workflows text[], receipts timestamptz[], queue text) IS
+    'done for a batch in one statement: removes each workflow whose receipt (same position) still matches, and returns how many were removed. NULL elements match nothing.';
+
 -- src/workflow.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER

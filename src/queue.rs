@@ -1363,7 +1363,7 @@ pub(crate) fn delete_done(
 }
 
 #[sql_function(
-    "sturdy.done(workflows text[], receipts timestamptz[], queue text DEFAULT 'default')
+    "sturdy.done_many(workflows text[], receipts timestamptz[], queue text DEFAULT 'default')
      RETURNS bigint VOLATILE PARALLEL UNSAFE",
     comment = "done for a batch in one statement: removes each workflow whose receipt (same position) still matches, and returns how many were removed. NULL elements match nothing."
 )]
@@ -2672,7 +2672,7 @@ mod tests {
         .unwrap();
         // b3 was rescheduled during the pass: it stays; a NULL pair matches nothing
         let removed = one::<i64>(
-            "SELECT sturdy.done(array_agg(workflow) || NULL::text, array_agg(receipt) || NULL::timestamptz, 'batch') FROM t",
+            "SELECT sturdy.done_many(array_agg(workflow) || NULL::text, array_agg(receipt) || NULL::timestamptz, 'batch') FROM t",
         );
         assert_eq!(removed, Some(4));
         assert_eq!(
@@ -2703,7 +2703,7 @@ mod tests {
         // another queue's done finds none of them
         assert_eq!(
             one::<i64>(
-                "SELECT sturdy.done(array_agg(workflow), array_agg(receipt), 'other') FROM t"
+                "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'other') FROM t"
             ),
             Some(0)
         );
@@ -2711,7 +2711,7 @@ mod tests {
         let before = by_tid();
         // a part of the batch, out of order, one pair twice
         let part = one::<i64>(
-            "SELECT sturdy.done(array_agg(workflow ORDER BY workflow DESC) || 'l2'::text,
+            "SELECT sturdy.done_many(array_agg(workflow ORDER BY workflow DESC) || 'l2'::text,
                                 array_agg(receipt ORDER BY workflow DESC) || (SELECT receipt FROM t WHERE workflow = 'l2'), 'leased')
                FROM t WHERE workflow IN ('l1', 'l2', 'l5')",
         );
@@ -2719,7 +2719,7 @@ mod tests {
         assert_eq!(by_tid(), before + 1, "by tuple id");
         assert_eq!(
             one::<i64>(
-                "SELECT sturdy.done(array_agg(workflow), array_agg(receipt), 'leased') FROM t WHERE workflow IN ('l1', 'l2')"
+                "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'leased') FROM t WHERE workflow IN ('l1', 'l2')"
             ),
             Some(0),
             "already removed"
@@ -2733,7 +2733,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             one::<i64>(
-                "SELECT sturdy.done(array_agg(workflow), array_agg(receipt), 'leased') FROM t"
+                "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'leased') FROM t"
             ),
             Some(3),
             "l3, l4, l6"
@@ -2757,13 +2757,13 @@ mod tests {
         let before = by_tid();
         assert_eq!(
             one::<i64>(
-                "SELECT sturdy.done(array_agg(workflow), array_agg(receipt), 'older') FROM first"
+                "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'older') FROM first"
             ),
             Some(2)
         );
         assert_eq!(
             one::<i64>(
-                "SELECT sturdy.done(array_agg(workflow), array_agg(receipt), 'older')
+                "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'older')
                    FROM (SELECT * FROM first UNION ALL SELECT * FROM second) b"
             ),
             Some(2),
@@ -2830,26 +2830,32 @@ mod tests {
         Spi::run("SELECT sturdy.schedule('x', now(), 'batch'); CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('batch');")
             .unwrap();
         for (sql, state) in [
-            ("SELECT sturdy.done(NULL::text[], ARRAY[now()])", "22004"),
             (
-                "SELECT sturdy.done(ARRAY['x'], NULL::timestamptz[])",
+                "SELECT sturdy.done_many(NULL::text[], ARRAY[now()])",
                 "22004",
             ),
             (
-                "SELECT sturdy.done(ARRAY['x'], ARRAY[now()], NULL)",
+                "SELECT sturdy.done_many(ARRAY['x'], NULL::timestamptz[])",
                 "22004",
             ),
-            ("SELECT sturdy.done(ARRAY['x'], ARRAY[now()], '')", "22023"),
             (
-                "SELECT sturdy.done(ARRAY['x', 'y'], (SELECT array_agg(receipt) FROM t), 'batch')",
+                "SELECT sturdy.done_many(ARRAY['x'], ARRAY[now()], NULL)",
+                "22004",
+            ),
+            (
+                "SELECT sturdy.done_many(ARRAY['x'], ARRAY[now()], '')",
                 "22023",
             ),
             (
-                "SELECT sturdy.done(ARRAY[['x']], (SELECT array_agg(receipt) FROM t), 'batch')",
+                "SELECT sturdy.done_many(ARRAY['x', 'y'], (SELECT array_agg(receipt) FROM t), 'batch')",
                 "22023",
             ),
             (
-                "SELECT sturdy.done(ARRAY['x'], ARRAY[[now()]], 'batch')",
+                "SELECT sturdy.done_many(ARRAY[['x']], (SELECT array_agg(receipt) FROM t), 'batch')",
+                "22023",
+            ),
+            (
+                "SELECT sturdy.done_many(ARRAY['x'], ARRAY[[now()]], 'batch')",
                 "22023",
             ),
         ] {

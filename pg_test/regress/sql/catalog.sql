@@ -29,3 +29,30 @@ SELECT c.oid::regclass AS relation, c.relkind, c.relacl AS acl,
   FROM pg_class c
  WHERE c.relnamespace = 'sturdy'::regnamespace AND c.relkind IN ('r', 'v', 'S')
  ORDER BY 1;
+
+-- Every function callable with untyped parameters, as node-postgres, pgx and
+-- pgbench -M prepared bind them, at every argument count it takes: none
+-- is ambiguous with another of its name (42725), whatever is added later.
+CREATE FUNCTION pg_temp.untyped_failures() RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE
+    f record;
+    k int;
+BEGIN
+    FOR f IN SELECT p.oid, p.proname, p.pronargs, p.pronargdefaults
+               FROM pg_proc p
+              WHERE p.pronamespace = 'sturdy'::regnamespace AND p.prokind = 'f'
+              ORDER BY p.oid::regprocedure::text LOOP
+        FOR k IN f.pronargs - f.pronargdefaults .. f.pronargs LOOP
+            BEGIN
+                EXECUTE format('PREPARE untyped AS SELECT sturdy.%I(%s)', f.proname,
+                               (SELECT string_agg('$' || i, ', ') FROM generate_series(1, k) i));
+                DEALLOCATE untyped;
+            EXCEPTION WHEN OTHERS THEN
+                RETURN NEXT format('%s with %s untyped parameters: %s %s', f.oid::regprocedure, k, SQLSTATE, SQLERRM);
+            END;
+        END LOOP;
+    END LOOP;
+END
+$$;
+SELECT count(*) AS functions FROM pg_proc WHERE pronamespace = 'sturdy'::regnamespace AND prokind = 'f';
+SELECT * FROM pg_temp.untyped_failures() AS not_callable_untyped;

@@ -15,7 +15,7 @@ SELECT receipt AS r4 FROM sturdy.take('hq') \gset
 SELECT sturdy.wake_at('hq-4', :'r4', pg_catalog.now(), 'hq') AS woken;
 SELECT sturdy.arrive('hq-5', 'approval', '"yes"', 'hq');
 SELECT array_agg(workflow) AS ws, array_agg(receipt) AS rs FROM sturdy.take('hq', max => 5) \gset
-SELECT sturdy.done(:'ws'::pg_catalog.text[], :'rs'::pg_catalog.timestamptz[], 'hq') AS done_batch;
+SELECT sturdy.done_many(:'ws'::pg_catalog.text[], :'rs'::pg_catalog.timestamptz[], 'hq') AS done_batch;
 SELECT count(*) AS empty_take FROM sturdy.take('hq');
 SELECT sturdy.schedule('hq-6', queue => 'hq');
 SELECT (SELECT count(*) FROM evil.queue) AS evil_rows;
