@@ -516,10 +516,51 @@ const KEYWORD_TYPES: &[&str] = &[
     "bigint", "integer", "int", "boolean", "interval", "smallint",
 ];
 
+/// Words that may follow `FROM`, `JOIN`, `INTO`, `UPDATE` or `USING` without
+/// being a relation's name (`ROWS FROM (`, `FOR UPDATE SKIP LOCKED`, `DO
+/// UPDATE SET`, `FROM LATERAL (`).
+const NOT_RELATIONS: &[&str] = &[
+    "ROWS", "LATERAL", "SET", "SKIP", "OF", "NOWAIT", "ONLY", "SELECT",
+];
+
+/// The names of the common table expressions `sql` defines (`name AS (`,
+/// `name AS MATERIALIZED (`, `name (cols) AS (`): a statement's own, which
+/// PostgreSQL looks up before any relation.
+fn cte_names(plain: &str) -> Vec<&str> {
+    let upper = plain.to_uppercase();
+    let mut names = Vec::new();
+    let mut from = 0;
+    while let Some(at) = upper[from..].find(" AS ").map(|n| n + from) {
+        from = at + 4;
+        let rest = upper[from..].trim_start();
+        let rest = rest.strip_prefix("NOT ").map_or(rest, str::trim_start);
+        let rest = rest
+            .strip_prefix("MATERIALIZED")
+            .map_or(rest, str::trim_start);
+        if !rest.starts_with('(') {
+            continue;
+        }
+        let mut before = plain[..at].trim_end();
+        if before.ends_with(')')
+            && let Some(open) = before.rfind('(')
+        {
+            before = before[..open].trim_end();
+        }
+        let start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |n| n + 1);
+        names.push(&before[start..]);
+    }
+    names
+}
+
 /// Why `sql` could resolve something through the caller's `search_path`, if it
 /// could: an operator not written `OPERATOR(pg_catalog.x)`, a function not
 /// written `schema.f(`, a cast to a type not written `schema.t` (SQL keywords
-/// such as `bigint` excepted). String literals are skipped.
+/// such as `bigint` excepted), a relation not written `schema.r` (a common
+/// table expression of the statement's own excepted; PostgreSQL looks in the
+/// session's `pg_temp` first for relations and types). String literals are
+/// skipped.
 pub fn lint(sql: &str) -> std::result::Result<(), String> {
     let mut plain = String::with_capacity(sql.len());
     let mut quoted = false;
@@ -539,7 +580,10 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
             .map_or(plain.len(), |n| start + n);
         &plain[start..end]
     };
+    let ctes = cte_names(&plain);
     let mut in_set = false;
+    // the word before the one being read, upper-cased
+    let mut previous = String::new();
     let mut i = 0;
     while i < bytes.len() {
         let c = bytes[i] as char;
@@ -568,11 +612,29 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
             ));
         } else if c.is_ascii_alphabetic() || c == '_' {
             let w = word_at(i);
-            match w.to_uppercase().as_str() {
+            let upper = w.to_uppercase();
+            match upper.as_str() {
                 "SET" => in_set = true,
                 "WHERE" | "RETURNING" | "FROM" => in_set = false,
                 _ => {}
             }
+            // the relation after FROM, JOIN, INTO, UPDATE (not `FOR UPDATE`,
+            // `FOR NO KEY UPDATE`) or USING
+            let introduces = (matches!(upper.as_str(), "FROM" | "JOIN" | "INTO" | "USING")
+                && previous != "DISTINCT")
+                || (upper == "UPDATE" && previous != "FOR" && previous != "KEY");
+            let next = plain[i + w.len()..].trim_start();
+            if introduces && next.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                let start = plain.len() - next.len();
+                let relation = word_at(start);
+                if !relation.contains('.')
+                    && !ctes.contains(&relation)
+                    && !NOT_RELATIONS.contains(&relation.to_uppercase().as_str())
+                {
+                    return Err(format!("an unqualified relation: {w} {relation}"));
+                }
+            }
+            previous = upper;
             let after = plain[i + w.len()..].trim_start();
             if after.starts_with('(')
                 && !w.contains('.')
@@ -616,6 +678,13 @@ mod tests {
         )
         .unwrap();
         lint("WITH x AS MATERIALIZED (SELECT pg_catalog.count(*) FROM sturdy.queue) SELECT $1::pg_catalog.text").unwrap();
+        lint(
+            "WITH due AS (SELECT workflow AS w FROM sturdy.queue FOR UPDATE SKIP LOCKED),
+                  taken AS NOT MATERIALIZED (SELECT w FROM due FOR NO KEY UPDATE)
+             DELETE FROM sturdy.queue q USING ROWS FROM (pg_catalog.unnest($1)) AS d(w), taken
+              WHERE q.workflow OPERATOR(pg_catalog.=) d.w",
+        )
+        .unwrap();
     }
 
     #[test]
@@ -629,6 +698,11 @@ mod tests {
             "SELECT a + 1",
             "UPDATE sturdy.queue SET a = 1, b = 2 WHERE c = 3",
             "UPDATE sturdy.queue SET a = (b = c)",
+            "SELECT 1 FROM queue",
+            "DELETE FROM claims",
+            "UPDATE queue SET a = 1",
+            "INSERT INTO checkpoints VALUES (1)",
+            "SELECT 1 FROM sturdy.queue JOIN claims USING (workflow)",
         ] {
             assert!(lint(sql).is_err(), "{sql}");
         }
