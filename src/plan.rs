@@ -557,7 +557,8 @@ fn cte_names(plain: &str) -> Vec<&str> {
 /// Why `sql` could resolve something through the caller's `search_path`, if it
 /// could: an operator not written `OPERATOR(pg_catalog.x)`, a function not
 /// written `schema.f(`, a cast to a type not written `schema.t` (SQL keywords
-/// such as `bigint` excepted), a relation not written `schema.r` (a common
+/// such as `bigint` excepted; `CAST(` is refused: its type is not told from
+/// an alias here), a relation not written `schema.r` (a common
 /// table expression of the statement's own excepted; PostgreSQL looks in the
 /// session's `pg_temp` first for relations and types). String literals are
 /// skipped.
@@ -623,9 +624,9 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
             let introduces = (matches!(upper.as_str(), "FROM" | "JOIN" | "INTO" | "USING")
                 && previous != "DISTINCT")
                 || (upper == "UPDATE" && previous != "FOR" && previous != "KEY");
-            let next = plain[i + w.len()..].trim_start();
-            if introduces && next.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-                let start = plain.len() - next.len();
+            let after = plain[i + w.len()..].trim_start();
+            if introduces && after.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                let start = plain.len() - after.len();
                 let relation = word_at(start);
                 if !relation.contains('.')
                     && !ctes.contains(&relation)
@@ -634,11 +635,14 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
                     return Err(format!("an unqualified relation: {w} {relation}"));
                 }
             }
-            previous = upper;
-            let after = plain[i + w.len()..].trim_start();
+            if upper == "CAST" && after.starts_with('(') {
+                // its type after `AS` reads like an alias: `::schema.type`
+                // says the schema where the lint can see it
+                return Err("a CAST( (write ::schema.type)".into());
+            }
             if after.starts_with('(')
                 && !w.contains('.')
-                && !KEYWORDS_BEFORE_PAREN.contains(&w.to_uppercase().as_str())
+                && !KEYWORDS_BEFORE_PAREN.contains(&upper.as_str())
             {
                 // `AS alias (cols)`: a name followed by its column list
                 let before = plain[..i].trim_end();
@@ -646,6 +650,7 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
                     return Err(format!("an unqualified function: {w}("));
                 }
             }
+            previous = upper;
             i += w.len();
         } else {
             i += c.len_utf8();
@@ -703,6 +708,7 @@ mod tests {
             "UPDATE queue SET a = 1",
             "INSERT INTO checkpoints VALUES (1)",
             "SELECT 1 FROM sturdy.queue JOIN claims USING (workflow)",
+            "SELECT CAST($1 AS timestamptz)",
         ] {
             assert!(lint(sql).is_err(), "{sql}");
         }
