@@ -17,7 +17,7 @@ The job cycle runs two more sides: the trivial write, a third of whose rate
 is the ceiling of any cycle of three commits, and the same cycle with a
 queue per client, which tells what the takers meeting at one queue's head
 cost from how the cycle itself scales with clients. Its output ends with
-each cell against the target as the README states it: in each repetition
+each cell against the target as docs/benchmarks.md states it: in each repetition
 the lower of 1.3x the plain cycle and 0.8x the ceiling.
 
 The batch case compares with pgmq 1.5.1, loaded from its SQL script into a
@@ -97,7 +97,7 @@ CASES = [
          # Reliability needs durable: a third of the commit-rate floor bounds both
          ceiling=("bench/trivial_write.sql", 3),
          # the target: 1.3x the baseline, or 0.8x the ceiling where that asks
-         # less (README, "Why the target changed")
+         # less (docs/benchmarks.md, "Why the target changed")
          target=(1.3, 0.8),
          # the same cycle with a queue per client: what meeting at one head costs
          own="bench/sturdy_cycle_own_queue.sql"),
@@ -306,7 +306,7 @@ def main():
         sys.exit(f"{AB} (BENCH_AB) is a debug build: build it with --release")
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "shared_buffers = 512MB", "max_wal_size = 4GB", "checkpoint_timeout = 30min",
-                    # as the README advises (on 15 the takes' shared floors need it)
+                    # as docs/operations.md advises (on 15 the takes' shared floors need it)
                     "shared_preload_libraries = 'pg_sturdy'"], check=True)
     builds = Builds(AB) if AB else None
     try:

@@ -240,7 +240,7 @@ def main():
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", os.path.join(DIR, "cluster"), PORT,
                     "max_connections = 60", "log_autovacuum_min_duration = 0", "checkpoint_timeout = '5min'",
                     "max_wal_size = '4GB'",
-                    # as the README advises (on 15 the takes' shared floors need it)
+                    # as docs/operations.md advises (on 15 the takes' shared floors need it)
                     "shared_preload_libraries = 'pg_sturdy'"], check=True)
     results = []
     try:

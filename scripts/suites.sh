@@ -16,7 +16,7 @@ regress=(claims checkpoints security hostile_setup hostile_claims hostile_checkp
 isolation=(claim-race record-takeover transact-supply take-skip-locked take-rewritten wakeup-during-pass arrive-notify pump-skip-locked emit-visibility start-idempotency finish-wakeup finish-renew finish-concurrent done-concurrent schedule-concurrent batch-race batch-done-wakeup)
 
 echo "suites: $("$PG_CONFIG" --version)"
-# pg_sturdy preloaded, as the README advises on PostgreSQL 15 (where the
+# pg_sturdy preloaded, as docs/operations.md advises on PostgreSQL 15 (where the
 # takes' shared floors need it; 17 and later share them without); and
 # pg_cron, where this server has it (Debian's postgresql-15-cron), for the
 # test of a cron job pumping the outbox.

@@ -1,5 +1,5 @@
 -- "Is anything wrong": one row per signal an operator should watch, with the
--- threshold it is judged by. Thresholds are starting points; the README says
+-- threshold it is judged by. Thresholds are starting points; docs/operations.md says
 -- what each number should look like.
 CREATE VIEW sturdy.health WITH (security_invoker = true) AS
 SELECT 'oldest ready job'::text AS signal,

@@ -406,7 +406,7 @@ COMMENT ON COLUMN sturdy.batches.pending IS 'The predicate of rows still to do (
 COMMENT ON COLUMN sturdy.batches.args IS 'The values bound to $1..$n in the fragments.';
 COMMENT ON COLUMN sturdy.batches.chunk IS 'Rows per chunk: fixed for batch, adapted by batch_tick to target_seconds.';
 COMMENT ON COLUMN sturdy.batches.key IS 'The key column chunks advance on.';
-COMMENT ON COLUMN sturdy.batches.order_by IS 'An order other than the key (then every chunk scans from the start: see the README).';
+COMMENT ON COLUMN sturdy.batches.order_by IS 'An order other than the key (then every chunk scans from the start: see docs/reference.md).';
 COMMENT ON COLUMN sturdy.batches.target_seconds IS 'How long a tick''s chunk should take; NULL: a fifth of statement_timeout, or 1 s without one.';
 COMMENT ON COLUMN sturdy.batches.cursor IS 'The last key of the pass so far, as text; NULL at the start of a pass.';
 COMMENT ON COLUMN sturdy.batches.pass IS 'Passes over the key range: a pass that ends with rows still pending (made pending behind the cursor) starts another.';
@@ -466,7 +466,7 @@ COMMENT ON PROCEDURE sturdy.batch_all(regclass, text, text, text[], integer, nam
 --   batch
 
 -- "Is anything wrong": one row per signal an operator should watch, with the
--- threshold it is judged by. Thresholds are starting points; the README says
+-- threshold it is judged by. Thresholds are starting points; docs/operations.md says
 -- what each number should look like.
 CREATE VIEW sturdy.health WITH (security_invoker = true) AS
 SELECT 'oldest ready job'::text AS signal,
