@@ -1400,7 +1400,7 @@ def test_a_schedule_inserting_first_waits_for_the_key_another_is_inserting():
 
 def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
-    passed = failed = 0
+    passed = failed = skipped = 0
     for t in tests:
         try:
             t()
@@ -1408,10 +1408,11 @@ def main():
             passed += 1
         except Skip as why:
             print(f"skip {t.__name__}: {why}")
+            skipped += 1
         except Exception as e:  # report every test, then fail the run
             print(f"FAIL {t.__name__}: {e!r}")
             failed += 1
-    print(f"concurrency: {passed} passed, {failed} failed")
+    print(f"concurrency: {passed} passed, {failed} failed, {skipped} skipped")
     sys.exit(1 if failed else 0)
 
 

@@ -97,7 +97,7 @@ CASES = [
          # Reliability needs durable: a third of the commit-rate floor bounds both
          ceiling=("bench/trivial_write.sql", 3),
          # the target: 1.3x the baseline, or 0.8x the ceiling where that asks
-         # less (docs/benchmarks.md, "Why the target changed")
+         # less (docs/benchmarks.md, "The job cycle's target")
          target=(1.3, 0.8),
          # the same cycle with a queue per client: what meeting at one head costs
          own="bench/sturdy_cycle_own_queue.sql"),
@@ -105,7 +105,7 @@ CASES = [
          base="bench/trivial_write.sql"),
     dict(name="start with an idempotency key vs trivial write, transactions/s",
          sturdy="bench/sturdy_start_key.sql", base="bench/trivial_write.sql"),
-    dict(name="batches of 100: take + array done vs pgmq read + delete(bigint[]), jobs/s",
+    dict(name="batches of 100: take + done_many vs pgmq read + delete(bigint[]), jobs/s",
          sturdy="bench/sturdy_batch.sql", base="bench/pgmq_batch.sql", base_db="pgmq", sturdy_per=100,
          base_per=100, before=backlog(1500000), before_base="pgmq"),
 ]
