@@ -93,6 +93,8 @@ def main():
         c.execute("CREATE EXTENSION pg_sturdy")
         current = c.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_sturdy'").fetchone()[0]
         fresh = catalog(c)
+        # the signals sturdy.health shows on a fresh install
+        signals = [r[0] for r in c.execute("SELECT signal FROM sturdy.health ORDER BY signal")]
 
     for version in RELEASED:
         db = "sturdy_from_" + version.replace(".", "_")
@@ -114,16 +116,26 @@ def main():
                   else [f"{k}: only after the update {a}, only in a fresh install {b}" for k, (a, b) in differ.items()])
             # the old functions on the old rows, and the new ones
             problems = []
-            if c.execute("SELECT sturdy.fence('up-1', 1)").fetchone() is None:
-                problems.append("fence")
+            # fence: the current token passes, a stale one raises SD001
+            try:
+                c.execute("SELECT sturdy.fence('up-1', 1)")
+            except psycopg.Error as e:
+                problems.append(f"fence with the current token: {e.sqlstate}")
+            try:
+                c.execute("SELECT sturdy.fence('up-2', 0)")
+                problems.append("fence with a stale token passed")
+            except psycopg.Error as e:
+                if e.sqlstate != "SD001":
+                    problems.append(f"fence with a stale token: {e.sqlstate}, not SD001")
             if c.execute("SELECT count(*) FROM sturdy.load('up-1')").fetchone()[0] != 2:
                 problems.append("load")
             if c.execute("SELECT sturdy.start('p', 'k')").fetchone()[0] is None:
                 problems.append("start")
             if c.execute("SELECT deliveries FROM sturdy.emit('e', '1')").fetchone()[0] != 0:
                 problems.append("emit")
-            if c.execute("SELECT count(*) FROM sturdy.health").fetchone()[0] < 5:
-                problems.append("health")
+            health = c.execute("SELECT signal, ok FROM sturdy.health ORDER BY signal").fetchall()
+            if [signal for signal, _ in health] != signals or not all(ok for _, ok in health):
+                problems.append(f"health: {health}, a fresh install shows {signals}, each ok")
             # a pass in flight across the update: its row stays leased, and
             # its receipt still ends it
             if c.execute("SELECT count(*) FROM sturdy.take('up-q2')").fetchone()[0] != 0:

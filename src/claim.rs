@@ -425,8 +425,24 @@ mod tests {
         .unwrap();
         assert_eq!(extended, Some(true));
         assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT held_until = now() + interval '1 hour' FROM sturdy.claims WHERE workflow = 'w4'"
+            )
+            .unwrap(),
+            Some(true),
+            "the row holds the new expiry"
+        );
+        assert_eq!(
             Spi::get_one::<bool>("SELECT sturdy.renew('w4', 7, '1 hour') IS NULL").unwrap(),
             Some(true)
+        );
+        assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT held_until = now() + interval '1 hour' FROM sturdy.claims WHERE workflow = 'w4'"
+            )
+            .unwrap(),
+            Some(true),
+            "a refused renew leaves the row as it was"
         );
         Spi::run("UPDATE sturdy.claims SET held_until = now() WHERE workflow = 'w4'").unwrap();
         assert_eq!(

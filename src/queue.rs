@@ -2761,6 +2761,16 @@ mod tests {
             ),
             Some(2)
         );
+        let left = || {
+            one::<String>(
+                "SELECT string_agg(q.workflow, ',' ORDER BY q.workflow) FROM sturdy.queue q WHERE q.queue = 'older'",
+            )
+        };
+        assert_eq!(
+            left(),
+            one::<String>("SELECT string_agg(workflow, ',' ORDER BY workflow) FROM second"),
+            "the first take's rows went, the second's stay"
+        );
         assert_eq!(
             one::<i64>(
                 "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'older')
@@ -2769,6 +2779,7 @@ mod tests {
             Some(2),
             "a mix of both takes: the second's remain"
         );
+        assert_eq!(left(), None, "every row gone");
         assert_eq!(by_tid(), before, "both by key");
     }
 
