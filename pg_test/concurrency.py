@@ -17,6 +17,19 @@ import psycopg
 DSN = sys.argv[1] if len(sys.argv) > 1 else "dbname=postgres"
 
 
+# Exceptions raised in any test's threads: a worker that dies fails its test
+# (main checks after each), rather than leaving the others to finish the work.
+THREAD_ERRORS = []
+
+
+class Worker(threading.Thread):
+    def run(self):
+        try:
+            super().run()
+        except BaseException as e:  # recorded for main; the thread ends here
+            THREAD_ERRORS.append(f"{self.name}: {e!r}")
+
+
 def connect(autocommit=True):
     return psycopg.connect(DSN, autocommit=autocommit)
 
@@ -68,7 +81,7 @@ def test_eight_workers_drain_ten_thousand_exactly_once():
                 with lock:
                     taken.extend(w for w, _ in rows)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    threads = [Worker(target=worker, args=(i,)) for i in range(workers)]
     for t in threads:
         t.start()
     for t in threads:
@@ -94,7 +107,7 @@ def test_takers_never_share_a_row_while_leases_are_live():
                 with lock:
                     seen.extend(r[0] for r in rows)
 
-    threads = [threading.Thread(target=worker) for _ in range(8)]
+    threads = [Worker(target=worker) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -133,7 +146,7 @@ def test_a_done_never_waits_for_a_taker_that_passed_its_row():
                     " WHERE NOT l.granted AND l.locktype = 'transactionid'"
                     " AND a.datname = current_database()").fetchall())
 
-    start_and_join([threading.Thread(target=worker) for _ in range(8)] + [threading.Thread(target=monitor)])
+    start_and_join([Worker(target=worker) for _ in range(8)] + [Worker(target=monitor)])
     with connect() as c:
         c.execute("DELETE FROM sturdy.queue WHERE queue = 'pass'")
     assert cycles[0] > 1000, f"only {cycles[0]} take + done cycles ran"
@@ -386,7 +399,7 @@ def test_a_late_commit_below_the_floor_is_taken_within_seconds():
     must still take it, by its periodic scan from the start."""
     ready.clear()
     result = {}
-    worker = threading.Thread(target=lambda: result.update(busy_taker("late", {"late-row"}, 10)))
+    worker = Worker(target=lambda: result.update(busy_taker("late", {"late-row"}, 10)))
     committed = commit_a_second_late(worker, ready, "SELECT sturdy.schedule('late-row', now(), 'late')")
     assert "late-row" in result, "a row committed below the floor was never taken"
     print(f"     late-row taken {result['late-row'] - committed:.2f} s after its commit")
@@ -473,7 +486,7 @@ def late_commit_run(open_elsewhere):
     if open_elsewhere:
         idle.execute("SELECT 1")  # a transaction begun, left open
         time.sleep(1.0)
-    thread = threading.Thread(target=worker)
+    thread = Worker(target=worker)
     thread.start()
     ready.wait(5)
     time.sleep(0.2)
@@ -500,7 +513,7 @@ def test_a_row_whose_take_rolled_back_is_taken_again_within_seconds():
         (taken,) = a.execute("SELECT workflow FROM sturdy.take('undone')").fetchone()
         assert taken == "first"
         result = {}
-        worker = threading.Thread(target=lambda: result.update(busy_taker("undone", {"first"}, 10, clear=False)))
+        worker = Worker(target=lambda: result.update(busy_taker("undone", {"first"}, 10, clear=False)))
         worker.start()
         ready.wait(5)
         time.sleep(0.5)
@@ -523,7 +536,7 @@ def test_a_row_whose_lease_ran_out_is_taken_again_within_seconds():
         (taken, receipt) = c.execute("SELECT workflow, receipt FROM sturdy.take('lapsed', '2 seconds')").fetchone()
         assert taken == "first"
         result = {}
-        worker = threading.Thread(target=lambda: result.update(busy_taker("lapsed", {"first"}, 12, clear=False)))
+        worker = Worker(target=lambda: result.update(busy_taker("lapsed", {"first"}, 12, clear=False)))
         worker.start()
         ready.wait(5)
         (lapse,) = c.execute("SELECT extract(epoch FROM %s::timestamptz - clock_timestamp())", (receipt,)).fetchone()
@@ -557,7 +570,7 @@ def test_rows_left_below_the_floors_are_drained_together_not_one_a_second():
         taken = {w for (w,) in a.execute("SELECT workflow FROM sturdy.take('drain', max => 10)")}
         assert taken == left, taken
         result = {}
-        worker = threading.Thread(target=lambda: result.update(busy_taker("drain", left, 20, clear=False)))
+        worker = Worker(target=lambda: result.update(busy_taker("drain", left, 20, clear=False)))
         worker.start()
         ready.wait(5)
         time.sleep(0.5)
@@ -644,7 +657,7 @@ def test_one_scan_from_the_start_a_second_for_the_server_not_for_each_worker():
                 taken[0] += n
 
         before = queue_entries_read(c)
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+        threads = [Worker(target=worker, args=(i,)) for i in range(workers)]
         threads[0].start()
         going.wait(5)  # the others join a queue already busy
         start_and_join(threads[1:])
@@ -721,7 +734,7 @@ def test_a_take_behind_a_slow_scan_never_comes_back_empty_beside_ready_rows():
             errors.append(e)
 
     try:
-        start_and_join([threading.Thread(target=worker) for _ in range(workers)])
+        start_and_join([Worker(target=worker) for _ in range(workers)])
     finally:
         with connect() as c:
             c.execute("DROP SCHEMA slow_scan CASCADE")
@@ -827,8 +840,8 @@ def test_no_notification_while_workers_keep_finding_work():
 
     with connect() as listener:
         listener.execute("LISTEN sturdy")
-        workers = [threading.Thread(target=worker) for _ in range(4)]
-        producers = [threading.Thread(target=producer, args=(k,)) for k in range(2)]
+        workers = [Worker(target=worker) for _ in range(4)]
+        producers = [Worker(target=producer, args=(k,)) for k in range(2)]
         for t in workers + producers:
             t.start()
         for t in producers:
@@ -860,7 +873,7 @@ def test_a_missed_wakeup_is_caught_by_the_poll():
                     return
 
     ready = threading.Event()
-    t = threading.Thread(target=worker)
+    t = Worker(target=worker)
     t.start()
     ready.wait()
     with connect() as app:
@@ -919,7 +932,7 @@ def test_a_worker_going_idle_under_a_steady_producer_is_woken_within_the_second(
                 i += 1
                 time.sleep(0.005)
 
-    producer = threading.Thread(target=produce)
+    producer = Worker(target=produce)
     producer.start()
     try:
         time.sleep(1.5)  # the producer's backend has settled: no more looks
@@ -959,7 +972,7 @@ def test_an_idle_listening_worker_wakes_at_once_and_takes():
 
     ready = threading.Event()
     scheduled_at = []
-    t = threading.Thread(target=worker)
+    t = Worker(target=worker)
     t.start()
     ready.wait()
     with connect() as app:
@@ -1016,7 +1029,7 @@ def test_four_pumps_deliver_five_thousand_exactly_once_and_in_order():
         except Exception as e:  # reported by the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=pump, args=(k,)) for k in range(4)]
+    threads = [Worker(target=pump, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -1061,7 +1074,7 @@ def test_a_late_emit_below_a_busy_pumps_floor_is_delivered_within_seconds():
                 if late:
                     got["late"] = time.monotonic()
 
-    committed = commit_a_second_late(threading.Thread(target=busy_pump), started,
+    committed = commit_a_second_late(Worker(target=busy_pump), started,
                                      "SELECT sturdy.emit('floor', '\"late\"')")
     assert "late" in got, "an emit committed below the floor was never delivered"
     with connect() as c:
@@ -1206,7 +1219,7 @@ def test_concurrent_ticks_and_batches_never_update_a_row_twice():
         except Exception as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=f) for f in (ticker, ticker, plain, plain)]
+    threads = [Worker(target=f) for f in (ticker, ticker, plain, plain)]
     for t in threads:
         t.start()
     for t in threads:
@@ -1267,7 +1280,7 @@ def test_a_take_never_comes_back_empty_holding_a_ready_row():
         except Exception as e:  # reported by the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=churn, args=(w,)) for w in ("hot-a", "hot-b")]
+    threads = [Worker(target=churn, args=(w,)) for w in ("hot-a", "hot-b")]
     for t in threads:
         t.start()
     results = {}
@@ -1330,9 +1343,9 @@ def test_racing_schedules_of_one_new_key_make_one_row_and_never_fail():
         except Exception as e:  # reported by the main thread
             errors.append(e)
 
-    clearer = threading.Thread(target=run, args=("CALL upsert_race.clear()",))
+    clearer = Worker(target=run, args=("CALL upsert_race.clear()",))
     clearer.start()
-    start_and_join([threading.Thread(target=run, args=("CALL upsert_race.schedules(3000)",))
+    start_and_join([Worker(target=run, args=("CALL upsert_race.schedules(3000)",))
                     for _ in range(3)])
     with connect() as c:
         c.execute("INSERT INTO upsert_race.stop DEFAULT VALUES")
@@ -1376,7 +1389,7 @@ def test_a_schedule_inserting_first_waits_for_the_key_another_is_inserting():
                 except Exception as e:  # reported by the main thread
                     errors.append(e)
 
-            t = threading.Thread(target=schedule)
+            t = Worker(target=schedule)
             t.start()
             waited = False
             with connect() as watch:
@@ -1402,8 +1415,11 @@ def main():
     tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
     passed = failed = skipped = 0
     for t in tests:
+        THREAD_ERRORS.clear()
         try:
             t()
+            if THREAD_ERRORS:
+                raise AssertionError(f"a thread of the test died: {THREAD_ERRORS[:3]}")
             print(f"ok   {t.__name__}")
             passed += 1
         except Skip as why:
