@@ -82,11 +82,29 @@ def setup():
     raise RuntimeError("the standby never became synchronous")
 
 
+def lost_connection(e):
+    """Whether `e` is the connection going with the server (what the stop
+    of the primary does), not an error of a statement."""
+    return (e.sqlstate is None and isinstance(e, psycopg.OperationalError)) or \
+        (e.sqlstate or "").startswith("08") or e.sqlstate in ("57P01", "57P02", "57P03")
+
+
 class Load:
-    def __init__(self, node, port):
-        self.node, self.port = node, port
-        self.finished, self.tokens, self.taken = set(), {}, []
+    """Workers until stopped or their connection dies. With `killed`, a lost
+    connection ends a worker quietly; any other error is noted in `errors`
+    (and every error is, without `killed`)."""
+
+    def __init__(self, node, port, killed=True):
+        self.node, self.port, self.killed = node, port, killed
+        self.finished, self.tokens, self.taken, self.errors = set(), {}, [], []
         self.lock, self.stop = threading.Lock(), threading.Event()
+
+    def until_finished(self, n, seconds=60):
+        """Wait until `n` finishes were acknowledged: the stop comes mid-load."""
+        deadline = time.monotonic() + seconds
+        while len(self.finished) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.finished) >= n
 
     def worker(self):
         try:
@@ -116,8 +134,10 @@ class Load:
                         continue
                     with self.lock:
                         self.finished.add(workflow)
-        except psycopg.Error:
-            return
+        except psycopg.Error as e:
+            if not (self.killed and lost_connection(e)):
+                with self.lock:
+                    self.errors.append(f"{e.sqlstate}: {e}")
 
     def run(self, n=3):
         self.threads = [threading.Thread(target=self.worker) for _ in range(n)]
@@ -140,7 +160,8 @@ def main():
         setup()
         load = Load(PRIMARY, PORT)
         load.run()
-        time.sleep(1.0)
+        check("the load works before the failover (50 finishes)", [] if load.until_finished(50) else
+              [f"{len(load.finished)} finishes", *load.errors[:3]])
         as_pg(pg("pg_ctl"), "-D", os.path.join(PRIMARY, "data"), "-m", "immediate", "stop")
         load.stop.set()
         load.join()
@@ -151,7 +172,7 @@ def main():
             queued = {w for (w,) in c.execute("SELECT workflow FROM sturdy.queue WHERE queue = 'fo'")}
         lost = load.finished - final
         check(f"failover under load: {len(load.finished)} acknowledged finishes on the new primary",
-              [f"{len(lost)} lost, e.g. {sorted(lost)[:3]}"] if lost else [])
+              ([f"{len(lost)} lost, e.g. {sorted(lost)[:3]}"] if lost else []) + load.errors[:3])
         check("nothing half-done on the new primary",
               [f"{len(final & queued)} finished but still queued"] if final & queued else [])
         # the workflows held at the failover: once their leases lapse, a claim
@@ -165,9 +186,10 @@ def main():
                 if got is None or got <= token:
                     behind.append((workflow, token, got))
         check(f"tokens stay monotonic across the failover ({len(held)} workflows held at it)",
-              [f"claimed {g} after {t} for {w}" for w, t, g in behind])
+              [f"claimed {g} after {t} for {w}" for w, t, g in behind]
+              + ([] if held else ["no workflow was held at the failover: nothing was checked"]))
         time.sleep(1.5)
-        drain = Load(*new)
+        drain = Load(*new, killed=False)
         drain.run()
         drain.join()
         with psycopg.connect(dsn(*new), autocommit=True) as c:
@@ -182,9 +204,10 @@ def main():
         lapse = datetime.timedelta(seconds=LEASE)
         twice = sorted(w for w, rs in leases.items()
                        if any(b - lapse < a for a, b in zip(sorted(rs), sorted(rs)[1:])))
-        check("the load resumes on the new primary and drains, no row handed out twice at once",
-              [] if (left, done) == (0, JOBS) and not twice
-              else [f"{left} left, {done} of {JOBS} finished, {len(twice)} taken twice at once {twice[:3]}"])
+        check("the load resumes on the new primary and drains, no row handed out twice at once, without an error",
+              ([] if (left, done) == (0, JOBS) and not twice
+               else [f"{left} left, {done} of {JOBS} finished, {len(twice)} taken twice at once {twice[:3]}"])
+              + drain.errors[:3])
     except Exception as e:  # set-up trouble is a failure too
         check("failover run", [repr(e)])
     finally:
