@@ -2923,4 +2923,38 @@ mod tests {
         );
         assert_eq!(marked("idle2"), Some(false));
     }
+
+    /// A row taken 2,147,483,647 times cannot be taken again: its `takes + 1`
+    /// raises 22003 as the statement's would, the lease not written, with or
+    /// without a statement (a trigger sends the take to its statement).
+    #[pg_test]
+    fn a_take_past_the_largest_takes_raises_22003_and_leases_nothing() {
+        Spi::run(
+            "SELECT sturdy.schedule('many', now() - interval '1 second', 'maxed');
+             UPDATE sturdy.queue SET takes = 2147483647 WHERE queue = 'maxed'",
+        )
+        .unwrap();
+        for trigger in [false, true] {
+            if trigger {
+                crate::testing::trigger_noop("sturdy.queue", "UPDATE");
+            }
+            assert_eq!(
+                sqlstate_of("SELECT * FROM sturdy.take('maxed')"),
+                "22003",
+                "with a trigger: {trigger}"
+            );
+            assert_eq!(
+                one::<bool>(
+                    "SELECT takes = 2147483647 AND leased_until IS NULL FROM sturdy.queue WHERE queue = 'maxed'"
+                ),
+                Some(true),
+                "nothing written (with a trigger: {trigger})"
+            );
+        }
+        Spi::run("UPDATE sturdy.queue SET takes = 0 WHERE queue = 'maxed'").unwrap();
+        assert_eq!(
+            one::<String>("SELECT workflow FROM sturdy.take('maxed')").as_deref(),
+            Some("many")
+        );
+    }
 }
