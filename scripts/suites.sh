@@ -45,6 +45,17 @@ as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE D
 as_pg "$bindir/psql" -X -q -h "$dir/cluster" -p "$port" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
 python3 pg_test/concurrency.py "host=$dir/cluster port=$port user=postgres dbname=sturdy_concurrency" \
     | tee "$out/concurrency.log" || status=1
+# On 15 the takes share their floors only with the library preloaded; the
+# take tests once more on a cluster without it, each connection by its own.
+: > "$out/concurrency_plain.log"
+if "$bindir/postgres" --version | grep -q ' 15\.'; then
+    scripts/cluster.sh start "$dir/plain" "$((port + 3))" >/dev/null
+    as_pg "$bindir/psql" -X -q -h "$dir/plain" -p "$((port + 3))" -U postgres -c "CREATE DATABASE sturdy_concurrency" postgres
+    as_pg "$bindir/psql" -X -q -h "$dir/plain" -p "$((port + 3))" -U postgres -c "CREATE EXTENSION pg_sturdy" sturdy_concurrency
+    python3 pg_test/concurrency.py "host=$dir/plain port=$((port + 3)) user=postgres dbname=sturdy_concurrency" take,floor,scan \
+        | sed 's/^concurrency:/concurrency without preload:/' | tee "$out/concurrency_plain.log" || status=1
+    scripts/cluster.sh stop "$dir/plain" >/dev/null
+fi
 # The calls served without a statement against their statements, over what
 # users do to tables; timeouts, cancels and a deadlock at every wait.
 python3 pg_test/fastpath.py "host=$dir/cluster port=$port user=postgres" | tee "$out/fastpath.log" || status=1
@@ -62,7 +73,7 @@ python3 pg_test/failover.py "$bindir" "$dir/failover" "${FAILOVER_PORT:-55450}" 
 # postmaster; nothing acknowledged lost, nothing half-done, the load drains.
 python3 pg_test/crash.py "$bindir" "$dir/cluster/data" "host=$dir/cluster port=$port user=postgres" \
     | tee "$out/crash.log" || status=1
-logs=("$out"/concurrency.log "$out"/fastpath.log "$out"/node.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log)
+logs=("$out"/concurrency.log "$out"/fastpath.log "$out"/concurrency_plain.log "$out"/node.log "$out"/dump_restore.log "$out"/upgrade.log "$out"/failover.log "$out"/crash.log)
 total=$(( ${#regress[@]} + ${#isolation[@]} + $(cat "${logs[@]}" | grep -cE '^(ok|FAIL) ') ))
 failed=$(cat "$out"/regress.log "$out"/isolation.log | grep -cE '^(not ok|test .* \.\.\. FAILED)' || true)
 failed=$(( failed + $(cat "${logs[@]}" | grep -c '^FAIL ' || true) ))
