@@ -13,7 +13,7 @@ bindir=$("$PG_CONFIG" --bindir)
 pgxs=$("$PG_CONFIG" --pkglibdir)/pgxs/src/test
 out=$dir/out
 regress=(claims checkpoints security hostile_setup hostile_claims hostile_checkpoints hostile_queue hostile_outbox hostile_workflow hostile_batch hostile_temp catalog encoding)
-isolation=(claim-race claim-record-rr record-takeover transact-supply take-skip-locked take-rewritten wakeup-during-pass arrive-notify pump-skip-locked emit-visibility start-idempotency transition-race finish-wakeup finish-renew finish-concurrent done-concurrent schedule-concurrent batch-race batch-done-wakeup)
+isolation=(claim-race claim-record-rr record-takeover transact-supply take-skip-locked take-rewritten wakeup-during-pass arrive-notify pump-skip-locked emit-visibility start-idempotency transition-race finish-transition finish-wakeup finish-renew finish-concurrent done-concurrent schedule-concurrent batch-race batch-done-wakeup)
 
 echo "suites: $("$PG_CONFIG" --version)"
 # pg_sturdy preloaded, as docs/operations.md advises on PostgreSQL 15 (where the
