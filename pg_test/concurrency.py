@@ -1173,6 +1173,60 @@ def test_batch_all_commits_each_chunk_and_stops_at_its_budget():
         assert c.execute("SELECT count(*) FROM sturdy.batches").fetchone() == (0,)
 
 
+def test_a_sweep_running_beside_workers_breaks_no_pass_and_leaves_nothing_finished():
+    """Four workers run instances' passes (take with a claim, record, finish
+    with a status) while a fifth connection sweeps over and over: no pass is
+    fenced or fails (a sweep never removes what a live pass holds, and the
+    instance of a pass in flight is not finished), and once the workers are
+    done a last sweep leaves nothing of the finished instances behind."""
+    total = 600
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.instances WHERE process = 'swept'")
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'swept'")
+        c.execute("SELECT sturdy.start('swept', 'swept-' || i, queue => 'swept') FROM generate_series(1, %s) i", (total,))
+    finished, swept, stop, lock = [0], [0], threading.Event(), threading.Lock()
+
+    def worker():
+        with connect() as c:
+            while rows := c.execute("SELECT workflow, receipt, token FROM sturdy.take('swept', '1 minute', 1, true)"
+                                    ).fetchall():
+                for workflow, receipt, token in rows:
+                    if token is None:
+                        continue
+                    c.execute("SELECT * FROM sturdy.record(%s, 'work', '1', %s)", (workflow, token))
+                    (removed,) = c.execute(
+                        "SELECT sturdy.finish(%s, %s, %s, 'end', '1', 'succeeded', 'swept')",
+                        (workflow, token, receipt)).fetchone()
+                    assert removed, f"{workflow}: finish did not remove its queue row"
+                    with lock:
+                        finished[0] += 1
+
+    def sweeper():
+        with connect() as c:
+            while not stop.is_set():
+                for kind, deleted in c.execute("SELECT kind, deleted FROM sturdy.sweep('1 microsecond', 50)"):
+                    if kind == "instances":
+                        with lock:
+                            swept[0] += deleted
+
+    sweeping = Worker(target=sweeper)
+    sweeping.start()
+    start_and_join([Worker(target=worker) for _ in range(4)])
+    stop.set()
+    sweeping.join()
+    with connect() as c:
+        while c.execute("SELECT deleted FROM sturdy.sweep('1 microsecond', 1000) WHERE kind = 'instances'"
+                        ).fetchone()[0]:
+            pass
+        left = c.execute(
+            "SELECT (SELECT count(*) FROM sturdy.instances WHERE process = 'swept'),"
+            " (SELECT count(*) FROM sturdy.checkpoints WHERE workflow LIKE 'swept/%'),"
+            " (SELECT count(*) FROM sturdy.claims WHERE workflow LIKE 'swept/%'),"
+            " (SELECT count(*) FROM sturdy.queue WHERE queue = 'swept')").fetchone()
+    assert finished[0] == total, f"{finished[0]} of {total} passes finished"
+    assert swept[0] > 0, "the sweeps beside the workers removed nothing: they never met"
+    assert left == (0, 0, 0, 0), f"left (instances, checkpoints, claims, queue rows): {left}"
+
 def test_an_idempotency_key_lives_for_the_ttl_set_when_it_was_written():
     """sturdy.idempotency_ttl in real time: a key written under '300ms'
     returns its instance until then and is reused after; one written under
