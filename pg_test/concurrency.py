@@ -906,7 +906,10 @@ def test_a_busy_queue_schedules_without_looking_for_marks():
 
     with connect() as producer, connect() as watcher, connect() as listener:
         watcher.execute("DELETE FROM sturdy.queue_waiters WHERE queue = 'settle'")
+        base = looks(watcher)
         producer.execute("SELECT sturdy.schedule('settle-0', now(), 'settle')")
+        # the counter moves when a schedule looks: one not yet settled does
+        assert looks(producer) > base, "a schedule before the epoch stood for a second did not look"
         time.sleep(1.1)
         producer.execute("SELECT sturdy.schedule('settle-1', now(), 'settle')")
         before = looks(producer)
