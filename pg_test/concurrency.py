@@ -772,6 +772,28 @@ def test_health_shows_the_snapshot_a_forgotten_transaction_pins():
         assert age(c) in ("-", "00:00:00"), age(c)
 
 
+def test_health_flags_dead_tuples_until_a_vacuum_takes_them():
+    """sturdy.health's dead-tuples row for a busy table turns not ok when
+    most of its row versions are dead, and ok again once a vacuum has
+    removed them (its threshold: a fifth of the table, at least 200)."""
+
+    def dead_ok(c):
+        c.execute("SELECT pg_stat_force_next_flush()")
+        time.sleep(0.3)  # the backend's counters reach the shared ones
+        with connect() as fresh:  # a new transaction, a new statistics snapshot
+            return fresh.execute("SELECT ok FROM sturdy.health WHERE signal = 'dead tuples claims'").fetchone()[0]
+
+    with connect() as c:
+        c.execute("VACUUM sturdy.claims")
+        assert dead_ok(c), "dead tuples in sturdy.claims before the test"
+        c.execute("INSERT INTO sturdy.claims (workflow, token, held_until, claimed_at)"
+                  " SELECT 'dead-' || i, 1, now(), now() FROM generate_series(1, 20000) i")
+        c.execute("DELETE FROM sturdy.claims WHERE workflow LIKE 'dead-%'")
+        flagged = dead_ok(c)
+        c.execute("VACUUM sturdy.claims")
+        cleared = dead_ok(c)
+    assert (flagged, cleared) == (False, True), f"(ok with 20,000 dead, ok after VACUUM) = {(flagged, cleared)}"
+
 def wait_notifies(conn, seconds):
     """Notifications that reach `conn` within `seconds`."""
     got = []
