@@ -228,6 +228,21 @@ def same(setup, steps=BASE, **kw):
 # --- The five defects, each as it was found -----------------------------------------------------
 
 
+def refused(c, statement, error, what):
+    """`statement` must raise `error`; `what` says what went wrong if not."""
+    try:
+        c.execute(statement)
+    except error:
+        return
+    raise AssertionError(what)
+
+
+PARTITION = [
+    "CREATE TABLE public.all_queues (LIKE sturdy.queue INCLUDING DEFAULTS) PARTITION BY LIST (queue)",
+    "ALTER TABLE public.all_queues ATTACH PARTITION sturdy.queue FOR VALUES IN ('q', 'rw')",
+]
+
+
 def test_take_keeps_a_check_constraint():
     """A lease that would break a CHECK of the user's raises 23514, as the
     statement does, and stores nothing."""
@@ -236,11 +251,8 @@ def test_take_keeps_a_check_constraint():
         c.execute("SELECT sturdy.schedule('c1', now(), 'q')")
         c.execute("SELECT * FROM sturdy.take('q', '10 milliseconds')")
         c.execute("UPDATE sturdy.queue SET leased_until = now() - interval '1 second'")
-        try:
-            c.execute("SELECT * FROM sturdy.take('q', '10 milliseconds')")
-            raise AssertionError("the second take broke the CHECK without an error")
-        except errors.CheckViolation:
-            pass
+        refused(c, "SELECT * FROM sturdy.take('q', '10 milliseconds')", errors.CheckViolation,
+                "the second take broke the CHECK without an error")
         (takes,) = c.execute("SELECT takes FROM sturdy.queue").fetchone()
         assert takes == 1, f"takes = {takes}"
 
@@ -282,17 +294,8 @@ def test_a_partition_constraint_is_kept():
     fresh(FAST, PARTITION, False)
     with admin(FAST) as c:
         c.execute("SELECT sturdy.schedule('p1', now(), 'q')")
-        try:
-            c.execute("SELECT sturdy.schedule('p2', now(), 'elsewhere')")
-            raise AssertionError("a row outside the partition's bounds went in")
-        except errors.CheckViolation:
-            pass
-
-
-PARTITION = [
-    "CREATE TABLE public.all_queues (LIKE sturdy.queue INCLUDING DEFAULTS) PARTITION BY LIST (queue)",
-    "ALTER TABLE public.all_queues ATTACH PARTITION sturdy.queue FOR VALUES IN ('q', 'rw')",
-]
+        refused(c, "SELECT sturdy.schedule('p2', now(), 'elsewhere')", errors.CheckViolation,
+                "a row outside the partition's bounds went in")
 
 
 # --- Waits: a timeout, a cancel or a deadlock fails the call, never the server ------------------
