@@ -558,10 +558,11 @@ fn cte_names(plain: &str) -> Vec<&str> {
 /// could: an operator not written `OPERATOR(pg_catalog.x)`, a function not
 /// written `schema.f(`, a cast to a type not written `schema.t` (SQL keywords
 /// such as `bigint` excepted; `CAST(` is refused: its type is not told from
-/// an alias here), a relation not written `schema.r` (a common
-/// table expression of the statement's own excepted; PostgreSQL looks in the
-/// session's `pg_temp` first for relations and types). String literals are
-/// skipped.
+/// an alias here), a relation right after `FROM`, `JOIN`, `INTO`, `UPDATE`
+/// or `USING` not written `schema.r` (a common table expression of the
+/// statement's own excepted; PostgreSQL looks in the session's `pg_temp`
+/// first for relations and types; a relation after a comma in a `FROM` list
+/// is not seen: write `JOIN`). String literals are skipped.
 pub fn lint(sql: &str) -> std::result::Result<(), String> {
     let mut plain = String::with_capacity(sql.len());
     let mut quoted = false;
