@@ -1,5 +1,5 @@
 -- Not in make bench: the seed's TAKE and a DELETE, each its own transaction (two
--- per script), as a reference for bench/sturdy_take_done.sql (bench/README.md).
+-- per script), as a reference for bench/sturdy_take_done.sql (docs/benchmarks.md).
 WITH due AS MATERIALIZED (
     SELECT workflow FROM seed.workflow_queue
     WHERE namespace = 'bench' AND visible_at <= now()

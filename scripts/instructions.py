@@ -3,7 +3,7 @@
 replaces, counted by callgrind in a single-user backend (no client, no
 network, no other process), so the count is the same run after run and a
 regression shows as a number, not as noise. Not a test: it measures and
-reports (bench/README.md keeps the figures).
+reports (docs/benchmarks.md keeps the figures).
 
 Each call is run twice in its own single-user backend, 200 times and 1,200
 times (different keys); the difference divided by 1,000 is the cost of one

@@ -23,7 +23,7 @@ ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
 -- order, so that a take from its floor starts at the exact row its last take
 -- reached: entries of rows taken and done before it (left until vacuum, and
 -- kept by a pinned xmin) are never walked, even among thousands scheduled in
--- one transaction with one visible_at (measured in bench/README.md).
+-- one transaction with one visible_at (docs/internals.md, Tables).
 --
 -- A lease is written to leased_until, which no index holds, and never moves
 -- visible_at: take's update is HOT (no new entry in either index, the new
@@ -34,9 +34,9 @@ ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
 -- a page's rows at once, and a leased version is 16 bytes longer than a
 -- scheduled one (taken_at and leased_until no longer NULL); at 45 a page of
 -- rows just scheduled takes all their leases, in the scheduling transaction
--- too, where nothing can be pruned (src/queue.rs's tests). Measured in
--- bench/README.md: batches of 100 1.6x-2.3x those of the indexed lease, 1 to
--- 16 clients, both commit regimes; one-row takes even.
+-- too, where nothing can be pruned (src/queue.rs's tests). Measured: batches
+-- of 100 1.6x-2.3x those of the indexed lease, 1 to 16 clients, both commit
+-- regimes; one-row takes even (docs/internals.md, Tables).
 CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');

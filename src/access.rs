@@ -13,7 +13,7 @@
 //! cost over the plain `DELETE` a client sends (starting the `ModifyTable`
 //! alone: ~14k instructions); for a one-row take, starting the plan of its
 //! CTEs (lock, limit, index scan, update, TID scan, the join of the two) was
-//! ~70k of 281k (bench/README.md, ninth session). Here the same work is what
+//! ~70k of 281k (docs/internals.md, take). Here the same work is what
 //! the plan's nodes would do at run time: index descents, tuple locks,
 //! `table_tuple_delete` and `table_tuple_update`.
 //!

@@ -566,7 +566,7 @@ impl Pump {
 /// row no longer matches the index's predicate, but its old version's entry
 /// stays): a scan from the start walks all of them, on every call. Measured
 /// draining 200,000 deliveries 100 a call: 8 µs a delivery at first, 12 µs
-/// at the end (bench/README.md). So, as `take` does for its queues, each
+/// at the end (docs/internals.md, pump). So, as `take` does for its queues, each
 /// backend keeps a floor and scans from there, and [`crate::rescan`] says
 /// when it scans from the start instead. The floor is the oldest head its
 /// last call found (whatever is below it is settled, or held by another

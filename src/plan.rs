@@ -12,7 +12,7 @@
 //! (`pg_catalog.now()`), operators (`OPERATOR(pg_catalog.=)`) and casts to
 //! non-keyword types (`::pg_catalog.text`) — so no `search_path`, hostile or
 //! not, can change what runs. That is both the safest choice and the cheapest
-//! (measured, see bench/README.md): PostgreSQL's override search path is gone
+//! (measured, see docs/security.md): PostgreSQL's override search path is gone
 //! from 17 on, and a GUC nest level (what a `SET search_path` clause does)
 //! costs a save and restore of the setting on every call, while a statement
 //! that resolves nothing through the path needs none. Caller code that

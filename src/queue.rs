@@ -5,7 +5,7 @@
 //! oldest due rows that no one holds: it sets `leased_until`, which it hands
 //! back as a *receipt*, and leaves `visible_at` alone, so the update touches
 //! no indexed column and is HOT (no index entry, half the WAL; measured in
-//! bench/README.md). Everything that wants another pass — `schedule`,
+//! docs/internals.md). Everything that wants another pass — `schedule`,
 //! `arrive` — writes `visible_at` unconditionally and clears the lease,
 //! landing on top of a pass in flight; `done` and `wake_at` are conditional on
 //! the receipt still matching, so a wakeup that arrived mid-pass is never
@@ -93,7 +93,7 @@ macro_rules! clear_lease {
 /// a team would write, and nothing else: whether the row is ready, the
 /// generation bump of a past-dated one (see [`Floor`]) and the wakeup are
 /// decided in [`schedule_at`] (measured: probing the waiter mark in this
-/// statement cost schedule 34k instructions a call, bench/README.md). Run
+/// statement cost schedule 34k instructions a call, docs/internals.md). Run
 /// only where `access` cannot do the same upsert without it.
 macro_rules! schedule {
     ($schema:tt) => {
@@ -661,7 +661,7 @@ fn schedule(
 /// report: a pinned xmin) vacuum cannot remove them, nor can index scans mark
 /// them dead, so a scan from the start walks all of them, heap visits and
 /// all, on every take: measured, a 16-client churn fell to a fifth of its rate
-/// within two minutes (bench/README.md, the soak).
+/// within minutes (docs/benchmarks.md, the churn soak).
 ///
 /// So each backend keeps, per queue, a floor: the place in (`visible_at`,
 /// `seq`) order of the oldest row its last take found (every entry before it
@@ -733,8 +733,7 @@ const TAKE_ATTEMPTS: usize = 3;
 /// `now()` and one lease for the whole take). An array `done` of them, the
 /// batch worker's next call, goes straight to those versions
 /// ([`DONE_LEASED`]) instead of descending the primary key once per row
-/// (random workflow names: about five pages a row, measured in
-/// bench/README.md). A one-row take keeps its row in [`Taken1`], for the
+/// (random workflow names: about three cold pages a row, docs/internals.md). A one-row take keeps its row in [`Taken1`], for the
 /// single `done`, which goes to it without a statement.
 ///
 /// Only ever a shortcut: each version is checked for its workflow, queue and
@@ -1072,11 +1071,11 @@ fn take(
     // by: while they walked, the others took every row due by it, and the
     // rows scheduled since are not due by it. A scan from the start that
     // walked millions of dead entries under a pinned xmin, at 16 clients on
-    // two cores, took 3.7 s of clock time (`bench/README.md`, eighth
-    // session); under a dead front of a million entries a first take's scan
-    // from the start took a few hundred milliseconds, and the one scan by
-    // the clock that followed from its own floor, as far behind, came up
-    // empty too, beside a thousand ready rows (twenty-second session); or the
+    // two cores, took 3.7 s of clock time (docs/internals.md, take);
+    // under a dead front of a million entries a first take's scan from the
+    // start took a few hundred milliseconds, and the one scan by the clock
+    // that followed from its own floor, as far behind, came up empty too,
+    // beside a thousand ready rows; or the
     // caller's transaction began long ago. So before the take says empty
     // it scans again by the clock, from the furthest floor (its own, or one
     // another backend reached under this generation since, which holds as
@@ -1230,7 +1229,7 @@ mod schema {
 }
 
 /// take's generation, read directly (as an SQL expression in every take
-/// statement it cost take 14% in instructions; bench/README.md). `None` in a
+/// statement it cost take 14% in instructions; docs/internals.md). `None` in a
 /// schema of a released version, which has no such sequence: there every
 /// take scans from the start, as those versions did.
 mod generation {
@@ -1257,7 +1256,7 @@ mod generation {
 ///
 /// A read serves this backend's schedules for [`FRESH`] of transaction
 /// starts (reading the sequence cost a schedule 3.4k instructions a call,
-/// bench/README.md), which keeps the promise: a schedule whose transaction
+/// docs/internals.md), which keeps the promise: a schedule whose transaction
 /// starts a second after an empty take committed uses a read made at most
 /// `FRESH` before that start, so after the take's bump, and looks for the
 /// mark it made.

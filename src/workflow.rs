@@ -220,7 +220,7 @@ static TRANSITION: Statement = Statement {
 /// a step is), because the executor starts every part of a plan on every
 /// call, whether its rows come or not: a pass that moves no instance would
 /// still open `sturdy.instances` and all its indexes for the `inst` and
-/// `moved` parts (measured by instruction count, bench/README.md). Every
+/// `moved` parts (measured by instruction count, docs/internals.md). Every
 /// shape takes the same eight arguments, some unused.
 macro_rules! finish {
     ($moves:tt, $records:tt) => {
