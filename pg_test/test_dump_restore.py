@@ -1,20 +1,16 @@
-#!/usr/bin/env python3
 """pg_dump and restore: a database with rows in every pg_sturdy table, dumped
 and restored into a fresh database, keeps every row, works, and goes on
-numbering after the dumped ids. Run by scripts/suites.sh:
-
-  pg_test/dump_restore.py BINDIR "host=... port=... user=..."
-
-Prints 'ok' or 'FAIL' lines like concurrency.py, and a closing count.
+numbering after the dumped ids.
 """
 import os
 import subprocess
-import sys
 import tempfile
 
 import psycopg
+import pytest
 
-BINDIR, CONN = sys.argv[1], sys.argv[2]
+from sturdy import SERVER as CONN, needs
+
 SOURCE, TARGET = "sturdy_dump_source", "sturdy_dump_target"
 
 FILL = """
@@ -61,13 +57,12 @@ def snapshot(db):
                              f"FROM sturdy.{t} r").fetchone()[0] for t in KEPT}
 
 
-def main():
-    results = []
-
-    def check(name, ok, why=""):
-        results.append(ok)
-        print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {why}"), flush=True)
-
+@pytest.fixture(scope="module")
+def dumped():
+    """The source filled, dumped with pg_dump and restored into the target:
+    the tables the source left empty, its largest ids, and every kept
+    table's rows in each database."""
+    (bindir,) = needs("STURDY_BINDIR")
     with psycopg.connect(dsn("postgres"), autocommit=True) as c:
         for db in (SOURCE, TARGET):
             c.execute(f"DROP DATABASE IF EXISTS {db}")
@@ -79,42 +74,55 @@ def main():
         empty = [t for t in KEPT if c.execute(f"SELECT count(*) FROM sturdy.{t}").fetchone()[0] == 0]
         maxima = c.execute("SELECT (SELECT max(id) FROM sturdy.outbox), (SELECT max(id) FROM sturdy.deliveries),"
                            " (SELECT max(id) FROM sturdy.instances)").fetchone()
-    check("every kept table has rows before the dump", not empty, f"empty: {empty}")
     before = snapshot(SOURCE)
-
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o777)
         path = os.path.join(tmp, "sturdy.dump")
         conn = dict(kv.split("=", 1) for kv in CONN.split())
         args = ["-h", conn["host"], "-p", conn["port"], "-U", conn["user"]]
-        run(os.path.join(BINDIR, "pg_dump"), *args, "-Fc", "-f", path, SOURCE)
-        run(os.path.join(BINDIR, "pg_restore"), *args, "--exit-on-error", "-d", TARGET, path)
-
-    after = snapshot(TARGET)
-    differ = [t for t in KEPT if before[t] != after[t]]
-    check("every row is back, as it was", not differ, f"tables that differ: {differ}")
+        run(os.path.join(bindir, "pg_dump"), *args, "-Fc", "-f", path, SOURCE)
+        run(os.path.join(bindir, "pg_restore"), *args, "--exit-on-error", "-d", TARGET, path)
     with psycopg.connect(dsn(TARGET), autocommit=True) as c:
-        dupes = c.execute("SELECT count(*) - count(DISTINCT cfg) FROM pg_extension e, unnest(e.extconfig) cfg"
-                          " WHERE e.extname = 'pg_sturdy'").fetchone()[0]
-        check("no duplicate configuration rows", dupes == 0, f"{dupes} duplicates")
-        outbox = c.execute("SELECT outbox FROM sturdy.emit('order.placed', '\"after\"')").fetchone()[0]
-        instance = c.execute("SELECT sturdy.start('ship', 'after')").fetchone()[0]
-        delivery = c.execute("SELECT max(id) FROM sturdy.deliveries").fetchone()[0]
-        check("ids go on after the dumped ones",
-              outbox > maxima[0] and delivery > maxima[1] and instance > maxima[2],
-              f"new outbox {outbox}, delivery {delivery}, instance {instance} vs dumped {maxima}")
-        same = c.execute("SELECT sturdy.start('ship', 'order-1', idempotency_key => 'key-1')").fetchone()[0]
-        check("idempotency keys are kept", same == 1, f"got {same}")
-        (token,) = c.execute("SELECT sturdy.claim('wf-new')").fetchone()
-        seen, delivered, _, _ = c.execute("SELECT * FROM sturdy.pump(100)").fetchone()
-        ticked = c.execute("SELECT done FROM sturdy.batch_tick('move')").fetchone()[0]
-        check("the extension works: claim, pump, tick", token == 1 and delivered >= 2 and ticked > 0,
-              f"token {token}, pump {seen}/{delivered}, tick {ticked}")
-        stale = c.execute("SELECT count(*) FROM sturdy.queue_waiters").fetchone()[0]
-        check("unlogged wakeup hints are not restored", stale == 0, f"{stale} rows")
-    print(f"dump_restore: {sum(results)} passed, {len(results) - sum(results)} failed")
-    sys.exit(0 if all(results) else 1)
+        yield {"empty": empty, "maxima": maxima, "before": before, "after": snapshot(TARGET), "target": c}
 
 
-if __name__ == "__main__":
-    main()
+def test_every_kept_table_has_rows_before_the_dump(dumped):
+    assert not dumped["empty"], f"empty: {dumped['empty']}"
+
+
+def test_every_row_is_back_as_it_was(dumped):
+    differ = [t for t in KEPT if dumped["before"][t] != dumped["after"][t]]
+    assert not differ, f"tables that differ: {differ}"
+
+
+def test_no_duplicate_configuration_rows(dumped):
+    dupes = dumped["target"].execute("SELECT count(*) - count(DISTINCT cfg) FROM pg_extension e,"
+                                     " unnest(e.extconfig) cfg WHERE e.extname = 'pg_sturdy'").fetchone()[0]
+    assert dupes == 0, f"{dupes} duplicates"
+
+
+def test_ids_go_on_after_the_dumped_ones(dumped):
+    c, maxima = dumped["target"], dumped["maxima"]
+    outbox = c.execute("SELECT outbox FROM sturdy.emit('order.placed', '\"after\"')").fetchone()[0]
+    instance = c.execute("SELECT sturdy.start('ship', 'after')").fetchone()[0]
+    delivery = c.execute("SELECT max(id) FROM sturdy.deliveries").fetchone()[0]
+    assert outbox > maxima[0] and delivery > maxima[1] and instance > maxima[2], \
+        f"new outbox {outbox}, delivery {delivery}, instance {instance} vs dumped {maxima}"
+
+
+def test_idempotency_keys_are_kept(dumped):
+    same = dumped["target"].execute("SELECT sturdy.start('ship', 'order-1', idempotency_key => 'key-1')").fetchone()[0]
+    assert same == 1, f"got {same}"
+
+
+def test_the_extension_works_claim_pump_tick(dumped):
+    c = dumped["target"]
+    (token,) = c.execute("SELECT sturdy.claim('wf-new')").fetchone()
+    seen, delivered, _, _ = c.execute("SELECT * FROM sturdy.pump(100)").fetchone()
+    ticked = c.execute("SELECT done FROM sturdy.batch_tick('move')").fetchone()[0]
+    assert token == 1 and delivered >= 2 and ticked > 0, f"token {token}, pump {seen}/{delivered}, tick {ticked}"
+
+
+def test_unlogged_wakeup_hints_are_not_restored(dumped):
+    stale = dumped["target"].execute("SELECT count(*) FROM sturdy.queue_waiters").fetchone()[0]
+    assert stale == 0, f"{stale} rows"

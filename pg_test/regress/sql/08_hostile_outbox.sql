@@ -1,4 +1,4 @@
--- Every outbox function under a hostile search_path (hostile_setup.sql), in a
+-- Every outbox function under a hostile search_path (04_hostile.sql), in a
 -- fresh backend, so each statement is planned under that path. The
 -- subscriber is caller code: it runs under the caller's path, as it must, so
 -- its unqualified table name finds the caller's table (here evil's).

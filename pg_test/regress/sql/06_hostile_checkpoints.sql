@@ -1,4 +1,4 @@
--- Every checkpoints function under a hostile search_path (hostile_setup.sql),
+-- Every checkpoints function under a hostile search_path (04_hostile.sql),
 -- in a fresh backend, so each statement is planned under that path. The
 -- effect transact runs is caller code and keeps the caller's path: this one
 -- uses no operator, so the traps stay shut.
@@ -6,59 +6,14 @@
 CREATE FUNCTION public.hostile_effect(arg jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT arg $$;
 SET search_path = evil, pg_catalog;
 SELECT sturdy.claim('hp-1') AS token;
- token 
--------
-     1
-(1 row)
-
 SELECT * FROM sturdy.record('hp-1', 'a', '"first"', 1);
- recorded | first 
-----------+-------
- "first"  | t
-(1 row)
-
 SELECT * FROM sturdy.record('hp-1', 'a', '"second"', 1);
- recorded | first 
-----------+-------
- "first"  | f
-(1 row)
-
 SELECT * FROM sturdy.record('hp-1', 'b', '"stale"', 7);
-ERROR:  workflow "hp-1" is fenced: token 7 was never issued (the current claim is 1)
-HINT:  This token was never issued for this workflow: pass the token sturdy.claim returned. Nothing was written.
 \echo :LAST_ERROR_SQLSTATE
-SD001
 SELECT sturdy.supply('hp-1', 'c', '"supplied"');
-   supply   
-------------
- "supplied"
-(1 row)
-
 SELECT sturdy.transact('hp-1', 1, 'd', 'public.hostile_effect(jsonb)', '{"done": true}');
-    transact    
-----------------
- {"done": true}
-(1 row)
-
 SELECT sturdy.transact('hp-1', 1, 'd', 'public.hostile_effect(jsonb)', '{"again": true}');
-    transact    
-----------------
- {"done": true}
-(1 row)
-
 SELECT step, value FROM sturdy.load('hp-1');
- step |     value      
-------+----------------
- a    | "first"
- c    | "supplied"
- d    | {"done": true}
-(3 rows)
-
 SELECT (SELECT count(*) FROM evil.checkpoints) AS evil_rows;
- evil_rows 
------------
-         0
-(1 row)
-
 RESET search_path;
 DROP FUNCTION public.hostile_effect(jsonb);

@@ -1,97 +1,23 @@
--- Every queue function under a hostile search_path (hostile_setup.sql), in a
+-- Every queue function under a hostile search_path (04_hostile.sql), in a
 -- fresh backend, so each statement is planned under that path.
 \c
 SET search_path = evil, pg_catalog;
 SELECT sturdy.schedule('hq-1', queue => 'hq');
- schedule 
-----------
- 
-(1 row)
-
 SELECT sturdy.schedule('hq-2', queue => 'hq');
- schedule 
-----------
- 
-(1 row)
-
 SELECT sturdy.schedule('hq-3', queue => 'hq');
- schedule 
-----------
- 
-(1 row)
-
 SELECT workflow, token FROM sturdy.take('hq', claim => true);
- workflow | token 
-----------+-------
- hq-1     |     1
-(1 row)
-
 SELECT receipt AS r2 FROM sturdy.take('hq') \gset
 SELECT sturdy.done('hq-2', :'r2'::pg_catalog.timestamptz, 'hq') AS done;
- done 
-------
- t
-(1 row)
-
 SELECT workflow, token FROM sturdy.take('hq', max => 5, claim => true);
- workflow | token 
-----------+-------
- hq-3     |     1
-(1 row)
-
 SELECT workflow FROM sturdy.take('hq', max => 5);
- workflow 
-----------
-(0 rows)
-
 SELECT sturdy.schedule('hq-4', queue => 'hq');
- schedule 
-----------
- 
-(1 row)
-
 SELECT receipt AS r4 FROM sturdy.take('hq') \gset
 SELECT sturdy.wake_at('hq-4', :'r4', pg_catalog.now(), 'hq') AS woken;
- woken 
--------
- t
-(1 row)
-
 SELECT sturdy.arrive('hq-5', 'approval', '"yes"', 'hq');
- arrive 
---------
- "yes"
-(1 row)
-
 SELECT array_agg(workflow) AS ws, array_agg(receipt) AS rs FROM sturdy.take('hq', max => 5) \gset
 SELECT sturdy.done_many(:'ws'::pg_catalog.text[], :'rs'::pg_catalog.timestamptz[], 'hq') AS done_batch;
- done_batch 
-------------
-          2
-(1 row)
-
 SELECT count(*) AS empty_take FROM sturdy.take('hq');
- empty_take 
-------------
-          0
-(1 row)
-
 SELECT sturdy.schedule('hq-6', queue => 'hq');
- schedule 
-----------
- 
-(1 row)
-
 SELECT (SELECT count(*) FROM evil.queue) AS evil_rows;
- evil_rows 
------------
-         0
-(1 row)
-
 RESET search_path;
 SELECT queue, ready, leased, sleeping FROM sturdy.queue_stats WHERE queue = 'hq';
- queue | ready | leased | sleeping 
--------+-------+--------+----------
- hq    |     1 |      2 |        0
-(1 row)
-

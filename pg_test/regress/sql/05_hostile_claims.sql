@@ -1,4 +1,4 @@
--- Every claims function under a hostile search_path (hostile_setup.sql), in a
+-- Every claims function under a hostile search_path (04_hostile.sql), in a
 -- fresh backend, so each statement is planned under that path.
 \c
 SET search_path = evil, pg_catalog;

@@ -1,4 +1,4 @@
--- Every workflow function under a hostile search_path (hostile_setup.sql), in
+-- Every workflow function under a hostile search_path (04_hostile.sql), in
 -- a fresh backend, so each statement is planned under that path.
 CREATE TABLE evil.instances (id bigint, process text, business_key text, workflow text, queue text, status text,
                              revision bigint, variables jsonb, last_error text, created_at timestamptz,

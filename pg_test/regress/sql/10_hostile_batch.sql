@@ -1,4 +1,4 @@
--- batch under a hostile search_path (hostile_setup.sql), in a fresh backend.
+-- batch under a hostile search_path (04_hostile.sql), in a fresh backend.
 -- The fragments are the caller's code and resolve through the caller's path,
 -- as they must (so these name pg_catalog's operators themselves); pg_sturdy's
 -- own parts of the statements it builds must not reach evil's.

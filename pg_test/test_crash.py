@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Crash: a load of workers (take with a claim, record, finish) and pumps
 (emit, pump with a subscriber that inserts a row), killed with `kill -9`,
 once of one backend (the postmaster then resets every backend and recovers)
@@ -6,19 +5,20 @@ and once of the postmaster itself (restarted here). After each: every write
 a commit acknowledged is there, nothing half-done is visible, leases held at
 the crash lapse and their rows are taken again, and the load drains.
 
-Run last by scripts/suites.sh (it kills the suites' cluster):
-  pg_test/crash.py BINDIR DATADIR "host=... port=... user=postgres"
+Run last by scripts/suites.sh, on its own: it kills the suites' cluster.
+Its tests run in order, each on what the one before left.
 """
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import psycopg
+import pytest
 
-BINDIR, DATADIR, CONN = sys.argv[1], sys.argv[2], sys.argv[3]
+from sturdy import SERVER as CONN, needs
+
 DB = "sturdy_crash"
 JOBS, EVENTS, LEASE = 6000, 400, 2
 
@@ -156,69 +156,76 @@ def drain():
                          " (SELECT count(*) FROM public.sink)").fetchone()
 
 
-def main():
-    results = []
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
-    def check(name, problems):
-        results.append(not problems)
-        print(("ok   " if not problems else "FAIL ") + name + ("" if not problems else f": {problems}"), flush=True)
 
+@pytest.fixture(scope="module")
+def state():
+    """The database set up; what the tests hand on to the next."""
+    needs("STURDY_BINDIR", "STURDY_DATADIR")
     with psycopg.connect(f"{CONN} dbname=postgres", autocommit=True) as c:
         c.execute(f"DROP DATABASE IF EXISTS {DB}")
         c.execute(f"CREATE DATABASE {DB}")
     with connect() as c:
         c.execute(SETUP)
+    return {"acked": set()}
 
-    # 1. kill -9 of one backend: the postmaster resets all of them
+
+def test_a_kill_of_a_backend_mid_load_loses_nothing_acknowledged(state):
+    """kill -9 of one backend: the postmaster resets all of them."""
     load = Load()
     load.run()
-    check("the load works before the first kill (100 finishes)", [] if load.until_finished(100) else
-          [f"{len(load.finished)} finishes", *load.errors[:3]])
+    assert load.until_finished(100), f"the load did not work: {len(load.finished)} finishes, {load.errors[:3]}"
     with connect() as c:
         victim = c.execute(f"SELECT pid FROM pg_stat_activity WHERE datname = '{DB}'"
                            " AND pid <> pg_backend_pid() AND state IS NOT NULL ORDER BY pid LIMIT 1").fetchone()
-    if victim is None:
-        check("a backend to kill under load", ["the load had ended"])
-        sys.exit(1)
+    assert victim is not None, "the load had ended before the kill"
     os.kill(victim[0], signal.SIGKILL)
     load.join()
     wait_up()
-    check(f"kill -9 of a backend mid-load: {len(load.finished)} acknowledged finishes kept, nothing half-done",
-          check_consistent(load.finished) + load.errors[:3])
-    acked = set(load.finished)
+    problems = check_consistent(load.finished) + load.errors[:3]
+    print(f"     {len(load.finished)} acknowledged finishes before the kill")
+    assert not problems, problems
+    state["acked"] |= load.finished
 
-    # 2. kill -9 of the postmaster, and a restart
+
+def test_a_kill_of_the_postmaster_mid_load_loses_nothing_acknowledged(state):
+    """kill -9 of the postmaster, and a start once every process of the old
+    one is gone (a start beside orphans still attached to the old shared
+    memory is refused)."""
+    bindir, datadir = needs("STURDY_BINDIR", "STURDY_DATADIR")
     load = Load()
     load.run()
-    check("the load works again before the second kill (100 more finishes)", [] if load.until_finished(100) else
-          [f"{len(load.finished)} finishes", *load.errors[:3]])
-    with open(os.path.join(DATADIR, "postmaster.pid")) as f:
+    assert load.until_finished(100), f"the load did not work: {len(load.finished)} finishes, {load.errors[:3]}"
+    with connect() as c:
+        pids = [pid for (pid,) in c.execute("SELECT pid FROM pg_stat_activity")]
+    with open(os.path.join(datadir, "postmaster.pid")) as f:
         postmaster = int(f.readline())
     os.kill(postmaster, signal.SIGKILL)
     load.join()
-    # its backends notice the postmaster is gone and exit; then start again
-    for _ in range(60):
-        if as_pg(os.path.join(BINDIR, "pg_ctl"), "-D", DATADIR, "status").returncode != 0:
-            break
-        time.sleep(0.5)
-    time.sleep(1)
-    started = as_pg(os.path.join(BINDIR, "pg_ctl"), "-D", DATADIR, "-l", os.path.join(DATADIR, "..", "server.log"),
+    # its processes notice the postmaster is gone and exit
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in pids + [postmaster]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids + [postmaster] if alive(p)]
+    assert not left, f"processes of the killed server still running after 60 s: {left}"
+    started = as_pg(os.path.join(bindir, "pg_ctl"), "-D", datadir, "-l", os.path.join(datadir, "..", "server.log"),
                     "-w", "-t", "60", "start")
-    if started.returncode != 0:
-        check("restart after kill -9 of the postmaster", [started.stderr or started.stdout])
-    else:
-        wait_up()
-        acked |= load.finished
-        check(f"kill -9 of the postmaster mid-load: {len(acked)} acknowledged finishes kept, nothing half-done",
-              check_consistent(acked) + load.errors[:3])
-        errors, (queued, finals, undelivered, sink) = drain()
-        check("leases held at the crash lapse, the load resumes and drains, without an error",
-              ([] if (queued, finals, undelivered, sink) == (0, JOBS, 0, EVENTS)
-               else [f"{queued} still queued, {finals} finished of {JOBS}, {undelivered} undelivered, "
-                     f"{sink} subscriber rows of {EVENTS}"]) + errors[:3])
-    print(f"crash: {sum(results)} passed, {len(results) - sum(results)} failed")
-    sys.exit(0 if all(results) else 1)
+    assert started.returncode == 0, started.stderr or started.stdout
+    wait_up()
+    state["acked"] |= load.finished
+    print(f"     {len(load.finished)} acknowledged finishes before the kill, {len(state['acked'])} in all")
+    problems = check_consistent(state["acked"]) + load.errors[:3]
+    assert not problems, problems
 
 
-if __name__ == "__main__":
-    main()
+def test_leases_held_at_the_crash_lapse_and_the_load_drains_without_an_error(state):
+    errors, (queued, finals, undelivered, sink) = drain()
+    assert (queued, finals, undelivered, sink) == (0, JOBS, 0, EVENTS) and not errors, \
+        (f"{queued} still queued, {finals} finished of {JOBS}, {undelivered} undelivered, "
+         f"{sink} subscriber rows of {EVENTS}; errors: {errors[:3]}")

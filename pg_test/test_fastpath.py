@@ -13,22 +13,19 @@ calls, isolation levels), must give the same answers, the same SQLSTATEs and
 the same rows. Lock and statement timeouts, cancels and a deadlock at each
 wait a fast call can make must fail that call with the statement's SQLSTATE,
 and never the server: a session opened at the start must still answer at
-the end. Run by scripts/suites.sh:
-
-  pg_test/fastpath.py "host=... port=... user=..." [part of a test's name]
-
-Prints 'ok', 'skip' or 'FAIL' lines like concurrency.py, and a closing count.
+the end (the file's last test).
 """
 import datetime
 import re
-import sys
 import threading
 import time
 
 import psycopg
 from psycopg import errors, sql
+import pytest
 
-CONN = sys.argv[1] if len(sys.argv) > 1 else "dbname=postgres"
+from sturdy import SERVER
+
 FAST, STMT = "sturdy_fp_fast", "sturdy_fp_stmt"
 ROLE = "sturdy_fp_worker"
 
@@ -41,12 +38,8 @@ REFUSE = [
 ]
 
 
-class Skip(Exception):
-    pass
-
-
 def dsn(db):
-    return f"{CONN} dbname={db}"
+    return f"{SERVER} dbname={db}"
 
 
 def admin(db="postgres"):
@@ -506,7 +499,7 @@ def test_differential_our_index_rebuilt_with_a_nondeterministic_collation():
         try:
             c.execute("CREATE COLLATION public.fp_probe (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
         except psycopg.errors.FeatureNotSupported:
-            raise Skip("this server is built without ICU")
+            pytest.skip("this server is built without ICU")
         finally:
             c.execute("ROLLBACK")
     same(["CREATE COLLATION public.folded (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
@@ -543,9 +536,9 @@ def test_differential_the_queue_as_a_partition():
 
 def test_differential_row_level_security():
     same(["ALTER TABLE sturdy.queue ENABLE ROW LEVEL SECURITY",
-          f"CREATE POLICY not_other ON sturdy.queue USING (queue <> 'other') WITH CHECK (workflow <> 'm3')",
+          "CREATE POLICY not_other ON sturdy.queue USING (queue <> 'other') WITH CHECK (workflow <> 'm3')",
           "ALTER TABLE sturdy.claims ENABLE ROW LEVEL SECURITY",
-          f"CREATE POLICY mine ON sturdy.claims USING (workflow <> 'c2')"])
+          "CREATE POLICY mine ON sturdy.claims USING (workflow <> 'c2')"])
 
 
 def test_differential_privileges_revoked():
@@ -566,40 +559,22 @@ def test_differential_truncate_vacuum_full_and_cluster_between_calls():
     assert not failures, " | ".join(failures)
 
 
-def main():
-    only = sys.argv[2] if len(sys.argv) > 2 else ""  # a part of the names of the tests to run
-    tests = [v for k, v in globals().items() if k.startswith("test_") and only in k]
-    passed = failed = skipped = 0
+@pytest.fixture(scope="module", autouse=True)
+def sentinel():
+    """A session opened before the first test, and the databases dropped
+    after the last."""
     with admin() as c:
-        sentinel_pid = c.info.backend_pid
-        for t in tests:
-            try:
-                t()
-                print(f"ok   {t.__name__}", flush=True)
-                passed += 1
-            except Skip as why:
-                print(f"skip {t.__name__}: {why}", flush=True)
-                skipped += 1
-            except Exception as e:  # report every test, then fail the run
-                print(f"FAIL {t.__name__}: {e!r}"[:3000], flush=True)
-                failed += 1
-        # the session opened first is still the same backend
-        try:
-            alive = c.execute("SELECT pg_backend_pid()").fetchone()[0] == sentinel_pid
-        except psycopg.Error:
-            alive = False
-        if alive:
-            print("ok   the_session_opened_first_outlived_every_test")
-            passed += 1
-        else:
-            print("FAIL the_session_opened_first_outlived_every_test: the server restarted")
-            failed += 1
+        yield c, c.info.backend_pid
     for db in (FAST, STMT):
         with admin() as c:
             c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
-    print(f"fastpath: {passed} passed, {failed} failed, {skipped} skipped")
-    sys.exit(1 if failed else 0)
 
 
-if __name__ == "__main__":
-    main()
+def test_the_session_opened_first_outlived_every_test(sentinel):
+    """Runs last (pytest keeps a file's order): no test restarted the server."""
+    c, pid = sentinel
+    try:
+        alive = c.execute("SELECT pg_backend_pid()").fetchone()[0] == pid
+    except psycopg.Error:
+        alive = False
+    assert alive, "the server restarted: the session opened first is gone"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Failover: a primary and a synchronous standby on loopback (streaming
 replication, synchronous_commit = on), both started here as the postgres OS
 user. Under a load of workers (take with a claim, record, finish), the
@@ -6,21 +5,24 @@ primary is stopped with -m immediate and the standby promoted; the workers
 reconnect to it. Every finish a commit acknowledged is on the new primary,
 nothing is half-done, fencing tokens go on from where they were (a claim on
 the new primary beats every token issued on the old one), and the queue
-drains with no row handed to two takers.
-
-  pg_test/failover.py BINDIR DIR PORT   (run by scripts/suites.sh)
+drains with no row handed to two takers. Its tests run in order, each on
+what the one before left.
 """
 import datetime
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
 import psycopg
+import pytest
 
-BINDIR, DIR, PORT = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from sturdy import needs
+
+BINDIR = os.environ.get("STURDY_BINDIR", "")
+DIR = os.environ.get("STURDY_FAILOVER_DIR", "/tmp/pg_sturdy_failover")
+PORT = int(os.environ.get("STURDY_FAILOVER_PORT", "55450"))
 PRIMARY, STANDBY = os.path.join(DIR, "primary"), os.path.join(DIR, "standby")
 JOBS, LEASE = 4000, 2
 
@@ -149,19 +151,29 @@ class Load:
             t.join()
 
 
-def main():
-    results = []
+def until_leases_lapse(c):
+    """Wait until every claim and every queue lease on the server has
+    lapsed, by its clock: a claim or take then succeeds, whatever this
+    machine's pace."""
+    deadline = time.monotonic() + 60
+    while not c.execute("SELECT coalesce((SELECT max(held_until) FROM sturdy.claims) < clock_timestamp(), true)"
+                        " AND coalesce((SELECT max(leased_until) FROM sturdy.queue) < clock_timestamp(), true)"
+                        ).fetchone()[0]:
+        assert time.monotonic() < deadline, "leases still held after a minute"
+        time.sleep(0.1)
 
-    def check(name, problems):
-        results.append(not problems)
-        print(("ok   " if not problems else "FAIL ") + name + ("" if not problems else f": {problems}"), flush=True)
 
+@pytest.fixture(scope="module")
+def failed_over():
+    """The load on the primary, the primary stopped mid-load and the standby
+    promoted: the load, the new primary, and what it holds finished and
+    queued."""
+    needs("STURDY_BINDIR")
     try:
         setup()
         load = Load(PRIMARY, PORT)
         load.run()
-        check("the load works before the failover (50 finishes)", [] if load.until_finished(50) else
-              [f"{len(load.finished)} finishes", *load.errors[:3]])
+        assert load.until_finished(50), f"the load did not work: {len(load.finished)} finishes, {load.errors[:3]}"
         as_pg(pg("pg_ctl"), "-D", os.path.join(PRIMARY, "data"), "-m", "immediate", "stop")
         load.stop.set()
         load.join()
@@ -170,56 +182,63 @@ def main():
         with psycopg.connect(dsn(*new), autocommit=True) as c:
             final = {w for (w,) in c.execute("SELECT workflow FROM sturdy.checkpoints WHERE step = 'final'")}
             queued = {w for (w,) in c.execute("SELECT workflow FROM sturdy.queue WHERE queue = 'fo'")}
-        lost = load.finished - final
-        check(f"failover under load: {len(load.finished)} acknowledged finishes on the new primary",
-              ([f"{len(lost)} lost, e.g. {sorted(lost)[:3]}"] if lost else []) + load.errors[:3])
-        check("nothing half-done on the new primary",
-              [f"{len(final & queued)} finished but still queued"] if final & queued else [])
-        # every workflow the old primary gave a token for, those held at the
-        # failover first: once their leases lapse, a claim on the new primary
-        # beats every token the old one issued (finished ones were released,
-        # which keeps the token)
-        time.sleep(LEASE + 0.5)
-        held = [w for w in load.tokens if w not in final]
-        checked = held + [w for w in load.tokens if w in final][:20]
-        behind = []
-        with psycopg.connect(dsn(*new), autocommit=True) as c:
-            for workflow in checked:
-                token = load.tokens[workflow]
-                got = c.execute("SELECT sturdy.claim(%s, '1 s')", (workflow,)).fetchone()[0]
-                if got is None or got <= token:
-                    behind.append((workflow, token, got))
-        check(f"tokens stay monotonic across the failover ({len(checked)} workflows, {len(held)} held at it)",
-              [f"claimed {g} after {t} for {w}" for w, t, g in behind]
-              + ([] if checked else ["no workflow was given a token: nothing was checked"]))
-        time.sleep(1.5)
-        drain = Load(*new, killed=False)
-        drain.run()
-        drain.join()
-        with psycopg.connect(dsn(*new), autocommit=True) as c:
-            left, done = c.execute("SELECT (SELECT count(*) FROM sturdy.queue WHERE queue = 'fo'),"
-                                   " (SELECT count(DISTINCT workflow) FROM sturdy.checkpoints WHERE step = 'final')"
-                                   ).fetchone()
-        # at once: a take whose lease began (its receipt less the lease)
-        # before the lease of the workflow's take before it ended
-        leases = {}
-        for workflow, receipt in drain.taken:
-            leases.setdefault(workflow, []).append(receipt)
-        lapse = datetime.timedelta(seconds=LEASE)
-        twice = sorted(w for w, rs in leases.items()
-                       if any(b - lapse < a for a, b in zip(sorted(rs), sorted(rs)[1:])))
-        check("the load resumes on the new primary and drains, no row handed out twice at once, without an error",
-              ([] if (left, done) == (0, JOBS) and not twice
-               else [f"{left} left, {done} of {JOBS} finished, {len(twice)} taken twice at once {twice[:3]}"])
-              + drain.errors[:3])
-    except Exception as e:  # set-up trouble is a failure too
-        check("failover run", [repr(e)])
+        yield load, new, final, queued
     finally:
         for node in (PRIMARY, STANDBY):
             as_pg(pg("pg_ctl"), "-D", os.path.join(node, "data"), "-m", "immediate", "stop", check=False)
-    print(f"failover: {sum(results)} passed, {len(results) - sum(results)} failed")
-    sys.exit(0 if all(results) else 1)
 
 
-if __name__ == "__main__":
-    main()
+def test_every_acknowledged_finish_is_on_the_new_primary(failed_over):
+    load, _, final, _ = failed_over
+    lost = load.finished - final
+    print(f"     {len(load.finished)} acknowledged finishes before the failover")
+    assert not lost and not load.errors, f"{len(lost)} lost, e.g. {sorted(lost)[:3]}; errors {load.errors[:3]}"
+
+
+def test_nothing_half_done_on_the_new_primary(failed_over):
+    _, _, final, queued = failed_over
+    assert not final & queued, f"{len(final & queued)} finished but still queued"
+
+
+def test_tokens_stay_monotonic_across_the_failover(failed_over):
+    """Every workflow the old primary gave a token for, those held at the
+    failover first: once their leases lapse, a claim on the new primary
+    beats every token the old one issued (finished ones were released,
+    which keeps the token)."""
+    load, new, final, _ = failed_over
+    held = [w for w in load.tokens if w not in final]
+    checked = held + [w for w in load.tokens if w in final][:20]
+    assert checked, "no workflow was given a token: nothing to check"
+    behind = []
+    with psycopg.connect(dsn(*new), autocommit=True) as c:
+        until_leases_lapse(c)
+        for workflow in checked:
+            token = load.tokens[workflow]
+            got = c.execute("SELECT sturdy.claim(%s, '1 s')", (workflow,)).fetchone()[0]
+            if got is None or got <= token:
+                behind.append((workflow, token, got))
+    print(f"     {len(checked)} workflows checked, {len(held)} held at the failover")
+    assert not behind, [f"claimed {g} after {t} for {w}" for w, t, g in behind]
+
+
+def test_the_load_resumes_on_the_new_primary_and_drains_never_handing_a_row_out_twice(failed_over):
+    _, new, _, _ = failed_over
+    with psycopg.connect(dsn(*new), autocommit=True) as c:
+        until_leases_lapse(c)
+    drain = Load(*new, killed=False)
+    drain.run()
+    drain.join()
+    with psycopg.connect(dsn(*new), autocommit=True) as c:
+        left, done = c.execute("SELECT (SELECT count(*) FROM sturdy.queue WHERE queue = 'fo'),"
+                               " (SELECT count(DISTINCT workflow) FROM sturdy.checkpoints WHERE step = 'final')"
+                               ).fetchone()
+    # at once: a take whose lease began (its receipt less the lease) before
+    # the lease of the workflow's take before it ended
+    leases = {}
+    for workflow, receipt in drain.taken:
+        leases.setdefault(workflow, []).append(receipt)
+    lapse = datetime.timedelta(seconds=LEASE)
+    twice = sorted(w for w, rs in leases.items() if any(b - lapse < a for a, b in zip(sorted(rs), sorted(rs)[1:])))
+    assert (left, done) == (0, JOBS) and not twice and not drain.errors, \
+        (f"{left} left, {done} of {JOBS} finished, {len(twice)} taken twice at once {twice[:3]};"
+         f" errors {drain.errors[:3]}")

@@ -1,0 +1,86 @@
+"""What the tests against a running server share: where the server is, a
+connection, and worker threads whose deaths fail their test.
+
+The server comes from the environment (scripts/suites.sh sets it):
+  STURDY_SERVER   libpq settings without a database ("host=... port=... user=...")
+  STURDY_DB       the database with pg_sturdy installed (default sturdy_concurrency)
+  STURDY_BINDIR   the server's bin directory, for tests that run its programs
+  STURDY_DATADIR  the cluster's data directory, for the crash test
+"""
+import os
+import threading
+import time
+
+import psycopg
+
+SERVER = os.environ.get("STURDY_SERVER", "")
+DB = os.environ.get("STURDY_DB", "sturdy_concurrency")
+DSN = f"{SERVER} dbname={DB}"
+
+# Exceptions raised in any test's threads: a worker that dies fails its test
+# (conftest.py checks after each), rather than leaving the others to finish
+# the work.
+THREAD_ERRORS = []
+
+
+class Worker(threading.Thread):
+    def run(self):
+        try:
+            super().run()
+        except BaseException as e:  # recorded for the check; the thread ends here
+            THREAD_ERRORS.append(f"{self.name}: {e!r}")
+
+
+def connect(autocommit=True):
+    return psycopg.connect(DSN, autocommit=autocommit)
+
+
+def floors_shared(c):
+    """Whether the takes of this server's connections share floors (and the
+    schedule of scans from the start): PostgreSQL 17 and later, or 15 with
+    the library preloaded."""
+    return c.execute(
+        "SELECT current_setting('server_version_num')::int >= 170000"
+        " OR 'pg_sturdy' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))"
+    ).fetchone()[0]
+
+
+def start_and_join(threads):
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def commit_a_second_late(worker, started, sql):
+    """Start `worker`, and once it says it has `started`, run `sql` in a
+    transaction that commits a second after it began (its now() a second in
+    the past at commit); wait for the worker. Returns when it committed."""
+    worker.start()
+    started.wait(5)
+    with connect(autocommit=False) as a:
+        a.execute(sql)
+        time.sleep(1.0)
+        a.commit()
+        committed = time.monotonic()
+    worker.join()
+    return committed
+
+
+def wait_notifies(conn, seconds):
+    """Notifications that reach `conn` within `seconds`."""
+    got = []
+    for n in conn.notifies(timeout=seconds, stop_after=None):
+        got.append((n.channel, n.payload))
+    return got
+
+
+def needs(*names):
+    """The values of these environment variables; the test is skipped (and
+    counted, with the reason) where one is unset."""
+    import pytest
+
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not set: run through scripts/suites.sh")
+    return [os.environ[n] for n in names]
