@@ -35,6 +35,8 @@ pub mod fmgr;
 #[allow(unsafe_code)]
 pub mod fragment;
 #[allow(unsafe_code)]
+pub mod grants;
+#[allow(unsafe_code)]
 pub mod heads;
 #[allow(unsafe_code)]
 pub mod plan;

@@ -135,7 +135,7 @@ const SEQUENCE_MAGIC: u32 = 0x1717;
 /// does not apply (no SELECT or USAGE, not a permanent sequence, a page not
 /// laid out as expected): the caller asks the function.
 fn read_shared(oid: pg_sys::Oid) -> Option<Option<i64>> {
-    if !crate::access::holds(oid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE) {
+    if !crate::grants::holds(oid, pg_sys::ACL_SELECT | pg_sys::ACL_USAGE) {
         return None;
     }
     // SAFETY: the relation is opened and locked as the function opens it

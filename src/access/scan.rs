@@ -1,0 +1,189 @@
+//! Index scans by key and the reading of a row version's columns.
+
+use super::*;
+
+/// `key` set to "index column `i` = `value`" for a `text` column of `index`.
+///
+/// # Safety
+/// `index` is open; its column `i` is `text`.
+pub(super) unsafe fn equal_key(
+    key: &mut pg_sys::ScanKeyData,
+    index: pg_sys::Relation,
+    i: usize,
+    value: pg_sys::Datum,
+) {
+    unsafe {
+        pg_sys::ScanKeyEntryInitialize(
+            key,
+            0,
+            (i + 1) as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            *(*index).rd_indcollation.add(i),
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            value,
+        );
+    }
+}
+
+/// The most columns a key of [`Opened::delete_if`], [`Opened::lock`] or
+/// [`Opened::upsert`] has.
+pub(super) const MAX_KEYS: usize = 2;
+
+/// The columns of `key`, without an allocation: `None` past [`MAX_KEYS`].
+pub(super) fn cols_of(key: &[(Col, pg_sys::Datum)]) -> Option<([Col; MAX_KEYS], usize)> {
+    if key.len() > MAX_KEYS {
+        return None;
+    }
+    let mut cols = [Col(0); MAX_KEYS];
+    for (c, &(col, _)) in cols.iter_mut().zip(key) {
+        *c = col;
+    }
+    Some((cols, key.len()))
+}
+
+/// Scan keys "index column i = `key[i]`", for a key of `text` columns in
+/// `index`'s order (at most [`MAX_KEYS`]; the rest of the array unused).
+///
+/// # Safety
+/// `index` is open; its first `key.len()` columns are `text`.
+pub(super) unsafe fn key_scan(
+    index: pg_sys::Relation,
+    key: &[(Col, pg_sys::Datum)],
+) -> [pg_sys::ScanKeyData; MAX_KEYS] {
+    unsafe {
+        let mut keys: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
+        for (i, (k, &(_, v))) in keys.iter_mut().zip(key).enumerate() {
+            equal_key(k, index, i, v);
+        }
+        keys
+    }
+}
+
+/// The bytes of the `text` datum `value` when it is held in line and
+/// uncompressed (a short or a plain header); `None` otherwise.
+///
+/// # Safety
+/// `value` is a valid `text` datum, not read after what it points to goes.
+pub(super) unsafe fn inline_bytes<'a>(value: pg_sys::Datum) -> Option<&'a [u8]> {
+    unsafe {
+        let p = value.cast_mut_ptr::<pg_sys::varlena>();
+        if pgrx::varlena::varatt_is_1b_e(p) || pgrx::varlena::varatt_is_4b_c(p) {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(
+            pgrx::varlena::vardata_any(p).cast::<u8>(),
+            pgrx::varlena::varsize_any_exhdr(p),
+        ))
+    }
+}
+
+pub(super) fn same_tid(a: &pg_sys::ItemPointerData, b: &pg_sys::ItemPointerData) -> bool {
+    a.ip_blkid.bi_hi == b.ip_blkid.bi_hi
+        && a.ip_blkid.bi_lo == b.ip_blkid.bi_lo
+        && a.ip_posid == b.ip_posid
+}
+
+/// An index scan of `index` under `snapshot` with `keys`, positioned; with
+/// `copying`, one that hands back a copy of each index entry it returns
+/// (`xs_itup`), as an index-only scan's does.
+///
+/// # Safety
+/// `rel` and `index` are open, `snapshot` is registered (or a dirty
+/// snapshot of the caller's), `keys` are valid for `index` and outlive the
+/// scan.
+pub(super) unsafe fn begin_scan(
+    rel: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    keys: &mut [pg_sys::ScanKeyData],
+    copying: bool,
+) -> pg_sys::IndexScanDesc {
+    unsafe {
+        let n = keys.len() as i32;
+        #[cfg(feature = "pg18")]
+        let scan = pg_sys::index_beginscan(rel, index, snapshot, std::ptr::null_mut(), n, 0);
+        #[cfg(not(feature = "pg18"))]
+        let scan = pg_sys::index_beginscan(rel, index, snapshot, n, 0);
+        // before the rescan, which makes room for the copies
+        (*scan).xs_want_itup = copying;
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), n, std::ptr::null_mut(), 0);
+        scan
+    }
+}
+
+/// The `timestamptz` in attribute `attnum` of `slot`, `None` when NULL.
+///
+/// # Safety
+/// `slot` holds a row of a table whose attribute `attnum` is `timestamptz`.
+pub(super) unsafe fn timestamptz(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+) -> Option<i64> {
+    unsafe { slot_value(slot, attnum).map(|v| v.value() as i64) }
+}
+
+/// The `bigint` in attribute `attnum` of `slot`, `None` when NULL.
+///
+/// # Safety
+/// As [`timestamptz`], for a `bigint`.
+pub(super) unsafe fn int8(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+) -> Option<i64> {
+    unsafe { timestamptz(slot, attnum) }
+}
+
+/// Whether the `text` attribute `attnum` of `slot` holds the bytes of `value`.
+///
+/// # Safety
+/// `slot` holds a row whose attribute `attnum` is `text`; `value` is a
+/// detoasted `text` datum.
+pub(super) unsafe fn same_text(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+    value: pg_sys::Datum,
+) -> bool {
+    unsafe { slot_value(slot, attnum).is_some_and(|v| same_bytes(v, value)) }
+}
+
+/// Attribute `attnum` (from 1) of `slot`, `None` when NULL: `slot_getattr`,
+/// with the server asked to deform the row only as far as the slot has not
+/// yet (one call for the several columns a take reads of a row).
+///
+/// # Safety
+/// `slot` holds a row with at least `attnum` attributes.
+pub(super) unsafe fn slot_value(
+    slot: *mut pg_sys::TupleTableSlot,
+    attnum: pg_sys::AttrNumber,
+) -> Option<pg_sys::Datum> {
+    unsafe {
+        let n = i32::from(attnum);
+        if i32::from((*slot).tts_nvalid) < n {
+            pg_sys::slot_getsomeattrs_int(slot, n);
+        }
+        let i = (n - 1) as usize;
+        (!*(*slot).tts_isnull.add(i)).then(|| *(*slot).tts_values.add(i))
+    }
+}
+
+/// Whether the `text` datum `stored` (from a tuple: maybe short-headed or
+/// compressed) holds the same bytes as `value` (a plain in-memory `text`).
+///
+/// # Safety
+/// Both are valid `text` datums.
+pub(super) unsafe fn same_bytes(stored: pg_sys::Datum, value: pg_sys::Datum) -> bool {
+    unsafe {
+        if let (Some(a), Some(b)) = (inline_bytes(stored), inline_bytes(value)) {
+            return a == b;
+        }
+        let stored = pg_sys::pg_detoast_datum_packed(stored.cast_mut_ptr());
+        let bytes = |p: *mut pg_sys::varlena| {
+            std::slice::from_raw_parts(
+                pgrx::varlena::vardata_any(p).cast::<u8>(),
+                pgrx::varlena::varsize_any_exhdr(p),
+            )
+        };
+        bytes(stored) == bytes(value.cast_mut_ptr())
+    }
+}

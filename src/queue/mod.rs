@@ -1,0 +1,117 @@
+//! The queue: which workflows want a pass, and when.
+//!
+//! One row per (queue, workflow), scored by `visible_at`: in the past means
+//! due, in the future sleeping (waiting for a deadline). `take` leases the
+//! oldest due rows that no one holds: it sets `leased_until`, which it hands
+//! back as a *receipt*, and leaves `visible_at` alone, so the update touches
+//! no indexed column and is HOT (no index entry, half the WAL; measured in
+//! docs/internals.md). Everything that wants another pass — `schedule`,
+//! `arrive` — writes `visible_at` unconditionally and clears the lease,
+//! landing on top of a pass in flight; `done` and `wake_at` are conditional on
+//! the receipt still matching, so a wakeup that arrived mid-pass is never
+//! thrown away by the pass finishing.
+//!
+//! Takers fan out instead of queueing on the head: `FOR UPDATE SKIP LOCKED`
+//! passes over rows another taker is locking. The candidate rows are chosen in
+//! a `MATERIALIZED` CTE so `max` bounds what the statement leases, whatever
+//! plan is chosen (a `SKIP LOCKED` sub-select rescanned on the inner side of
+//! a join would lease different rows on every rescan).
+//!
+//! Idle workers need not poll, and busy ones pay nothing for that. PostgreSQL
+//! commits a transaction that sent `NOTIFY` under one cluster-wide lock held
+//! through its WAL flush, so notifying on every schedule would make a busy
+//! system commit its schedules one at a time. Instead a worker says it is idle
+//! by the `take` that found nothing: that take leaves a mark for its queue
+//! (`sturdy.queue_waiters`) and bumps the idle epoch (`sturdy.queue_idle`, a
+//! sequence). A schedule (or `arrive`, or a `wake_at` that is already due)
+//! that makes a row ready removes the mark and, only if it found one, sends
+//! `NOTIFY sturdy, '<queue>'`, delivered at commit (dropped with a rollback).
+//! While workers keep finding work there is no mark and no notification.
+//!
+//! A schedule does not even look for the mark while the epoch stands where it
+//! stood when this backend last found the queue unmarked ([`Unmarked`]): a
+//! mark is only ever made with a bump, so a busy queue's schedule costs its
+//! upsert, not a probe of another table (and the sequence is read at most
+//! every quarter second of a backend's transaction starts, see [`idle`]).
+//!
+//! The guarantee: a schedule that starts at least a second after an empty
+//! take committed wakes the workers listening on that queue; one that ran
+//! concurrently with the empty take (or whose transaction had started
+//! before it) may miss it, and the worker's own poll interval bounds that
+//! delay (as it bounds a deadline passing, which wakes nobody).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pg_sturdy_macros::sql_function;
+use pgrx::IntoDatum;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
+
+use crate::access;
+use crate::args::{self, Name};
+use crate::checkpoint;
+use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
+use crate::error::{Error, Result};
+use crate::fmgr::Args;
+use crate::heads;
+use crate::plan::{self, Statement, first_value, run_one};
+use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, time_param};
+
+mod done;
+mod floor;
+mod schedule;
+mod schema;
+mod sql;
+mod take;
+mod wakeups;
+
+// The tests, in a file of their own: `pg_schema` takes only an inline module.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    include!("tests.rs");
+}
+
+pub(crate) use done::delete_done;
+use floor::*;
+pub use schedule::schedule_at;
+use sql::*;
+use take::*;
+use wakeups::*;
+
+/// The queue's table, for `done` and a one-row `take` without a statement
+/// (see `access`); its columns by position.
+pub(crate) static QUEUE: access::Table = access::Table::new(
+    c"sturdy",
+    c"queue",
+    &[
+        c"queue",
+        c"workflow",
+        c"leased_until",
+        c"visible_at",
+        c"seq",
+        c"taken_at",
+        c"takes",
+        c"scheduled_at",
+    ],
+);
+pub(crate) const Q_QUEUE: access::Col = access::Col(0);
+pub(crate) const Q_WORKFLOW: access::Col = access::Col(1);
+pub(crate) const Q_LEASED_UNTIL: access::Col = access::Col(2);
+const Q_VISIBLE_AT: access::Col = access::Col(3);
+const Q_SEQ: access::Col = access::Col(4);
+const Q_TAKEN_AT: access::Col = access::Col(5);
+const Q_TAKES: access::Col = access::Col(6);
+const Q_SCHEDULED_AT: access::Col = access::Col(7);
+
+static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
+    queue: Q_QUEUE,
+    visible_at: Q_VISIBLE_AT,
+    seq: Q_SEQ,
+    leased_until: Q_LEASED_UNTIL,
+    taken_at: Q_TAKEN_AT,
+    takes: Q_TAKES,
+    key: Q_WORKFLOW,
+};

@@ -1,0 +1,289 @@
+//! The queue's statements, as they run against the current schema (those for
+//! 0.1.0's are in `schema.rs`). Each runs only where the row work cannot be
+//! done without a statement (see `access`) or has no such path.
+
+use pgrx::pg_sys;
+
+use crate::plan::Statement;
+
+/// Upsert the row to `visible_at`, forgetting any lease on it. The statement
+/// a team would write, and nothing else: whether the row is ready, the
+/// generation bump of a past-dated one (see `Floor`) and the wakeup are
+/// decided in `schedule_at` (measured: probing the waiter mark in this
+/// statement cost schedule 34k instructions a call, docs/internals.md). Run
+/// only where `access` cannot do the same upsert without it.
+pub(super) static SCHEDULE: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, leased_until, scheduled_at)
+          VALUES ($3, $1, $2, NULL, NULL, pg_catalog.now())
+          ON CONFLICT (queue, workflow) DO UPDATE
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, leased_until = NULL, scheduled_at = EXCLUDED.scheduled_at",
+    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// Is the queue marked (a worker found it empty and waits)?
+pub(super) static MARKED: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
+// `take`: lease the oldest ready rows; `leased_until` is the receipt.
+// With `claim`, every taken workflow is also claimed for the same lease in the
+// same statement, with the claim upsert of `claim.rs` (the token is NULL
+// where someone still holds the claim).
+//
+// The chosen rows are updated through their `ctid`s (we hold their row
+// locks, so the tuple ids are stable for the statement): a TID scan whatever
+// the planner believes. Joined back by key, a backlog that arrived after the
+// last ANALYZE made the plan scan the queue once per row (measured: 680 ms
+// instead of 1.8 ms to take 100 of 50,000).
+//
+// One row the TID scan cannot lease: a version written by a transaction that
+// committed after the statement's snapshot was taken, and before `due`
+// locked the row (a schedule or `arrive` of a ready row that leaves it
+// ready). Read committed, the lock goes on to that newest version, the
+// recheck finds it due, and `due` returns its `ctid`; but the update sees
+// through the snapshot, which cannot see that version, so it leases nothing
+// there. Measured with one row rescheduled in a loop: 354 of 5,000 takes
+// came back empty holding the lock on the ready row. So every take statement
+// returns each row of `due`, those `taken` missed with a NULL workflow
+// (kept out of the call's result), and [`take_from`] runs the statement
+// again for them: a new statement, a new snapshot, which sees the version we
+// locked (and hold: nobody can move it again).
+//
+// A row is due when its `visible_at` and any lease's end are at or before
+// `$6`: the transaction's `now()`, or the clock for the one scan that
+// follows a take come up short in a transaction whose `now()` is stale
+// (see [`take`]).
+//
+// The scan starts at a floor, the place (`$4`, `$5`) in the index's
+// (visible_at, seq) order (see [`Floor`]): (`-infinity`, the least bigint)
+// for a scan from the start, else this backend's floor for the queue. Each
+// statement returns, after the declared columns, the rows' `visible_at` and
+// `seq` (their place); a batch's also where each row's new version lives
+// (see [`Leased`]). A leased row keeps its place, and the scan passes over
+// it (a heap visit, no index entry to skip it by) until its lease ends or it
+// is done; a take's floor is past the rows it leased itself.
+//
+// For batches, `LIMIT $3` makes the planner cost the generic plan for a
+// tenth of the table, so the plan cache would re-plan every call (~0.15 ms);
+// those two always run their generic plan (`generic: true`), the same index
+// scan on (queue, visible_at, seq) a custom plan picks.
+
+pub(super) const TAKE_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::INTERVALOID,
+    pg_sys::INT8OID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::INT8OID,
+    pg_sys::TIMESTAMPTZOID,
+];
+
+// The four take statements: the candidate rows from the floor on (`due`),
+// a `LIMIT`, the rows of `due` leased through their `ctid`s (`taken`: one
+// row by `= (SELECT ctid FROM due)`, an InitPlan; a batch by `= ANY
+// (ARRAY(SELECT ctid FROM due))`), with `claim` also claimed as `claim`
+// does (`claimed`), and every row of `due` returned with what `taken`
+// made of it.
+
+pub(super) static TAKE_ONE: Statement = Statement {
+    sql: "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.<=) $6
+                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
+                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $6)
+               ORDER BY visible_at, seq
+               LIMIT 1
+               FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
+          SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq
+            FROM due d LEFT JOIN taken t ON true",
+    args: TAKE_ARGS,
+    writes: true,
+    generic: false,
+};
+
+pub(super) static TAKE_ONE_CLAIM: Statement = Statement {
+    sql: "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.<=) $6
+                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
+                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $6)
+               ORDER BY visible_at, seq
+               LIMIT 1
+               FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid),
+          claimed AS (
+              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
+              ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+              RETURNING held.workflow, held.token)
+          SELECT t.workflow, t.receipt, (SELECT token FROM claimed), d.visible_at, d.seq
+            FROM due d LEFT JOIN taken t ON true",
+    args: TAKE_ARGS,
+    writes: true,
+    generic: false,
+};
+
+pub(super) static TAKE_MANY: Statement = Statement {
+    sql: "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.<=) $6
+                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
+                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $6)
+               ORDER BY visible_at, seq
+               LIMIT $3
+               FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
+          SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
+            FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
+           ORDER BY d.visible_at, d.seq",
+    args: TAKE_ARGS,
+    writes: true,
+    generic: true,
+};
+
+pub(super) static TAKE_MANY_CLAIM: Statement = Statement {
+    sql: "WITH due AS MATERIALIZED (
+              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND visible_at OPERATOR(pg_catalog.<=) $6
+                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
+                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $6)
+               ORDER BY visible_at, seq
+               LIMIT $3
+               FOR UPDATE SKIP LOCKED),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid),
+          claimed AS (
+              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
+              ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+              RETURNING held.workflow, held.token)
+          SELECT t.workflow, t.receipt, c.token, d.visible_at, d.seq, t.tid
+            FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
+            LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
+           ORDER BY d.visible_at, d.seq",
+    args: TAKE_ARGS,
+    writes: true,
+    generic: true,
+};
+
+/// Wake the workers waiting on a queue: clear its mark, and notify if this
+/// call cleared it (of two schedules racing here, one notifies).
+pub(super) static WAKE: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue_waiters WHERE queue OPERATOR(pg_catalog.=) $1
+          RETURNING pg_catalog.pg_notify('sturdy', $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// A take that found nothing: its worker is about to wait, so the next
+/// schedule that makes a row ready in this queue should notify. Followed by a
+/// bump of the idle epoch (see [`Unmarked`]).
+pub(super) static MARK_IDLE: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue_waiters (queue, since) VALUES ($1, pg_catalog.now())
+          ON CONFLICT (queue) DO NOTHING",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
+/// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
+/// builds no result table (see [`DONE`]).
+pub(super) static DONE_MANY: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue q
+           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
+           WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+             AND q.leased_until OPERATOR(pg_catalog.=) d.receipt",
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+        pg_sys::TEXTOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// `done` for rows of this backend's last batch take, straight to where
+/// their leased versions live (see [`Leased`]): `$4` holds each row's tuple
+/// id, at the position of its workflow in `$1`. A row version there counts
+/// only if it is still the one leased, for this workflow and receipt; a row
+/// rescheduled since has moved on, and the tuple id finds its dead version.
+/// The plan is a TID scan nested in the pairs, or, on a table of a few
+/// pages, a scan of them. Never key descents: the workflow test is wrapped
+/// in `IS TRUE` (the same test in a `WHERE`) so that the primary key cannot
+/// serve it. A generic plan, kept.
+pub(super) static DONE_LEASED: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue q
+           USING ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1)) AS d(tid, workflow)
+           WHERE q.ctid OPERATOR(pg_catalog.=) d.tid AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
+             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.leased_until OPERATOR(pg_catalog.=) $2",
+    args: &[pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID, pg_sys::TIDARRAYOID],
+    writes: true,
+    generic: true,
+};
+
+/// Remove the row under the receipt rule. Whether it went is SPI's count of
+/// rows processed: a `RETURNING` would make SPI build a result table (a
+/// memory context and a copied tuple) for one bit of answer.
+pub(super) static DONE: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue
+           WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
+             AND leased_until OPERATOR(pg_catalog.=) $2",
+    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// Suspend until `at` under the receipt rule; a wakeup that landed meanwhile
+/// wins (it is sooner, and the deadline lives in the checkpoints anyway). An
+/// `at` already due wakes idle workers as a schedule does, and one before
+/// `now()` bumps take's generation.
+pub(super) static WAKE_AT: Statement = Statement {
+    sql: "WITH moved AS (
+              UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL, leased_until = NULL
+               WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
+                 AND leased_until OPERATOR(pg_catalog.=) $2
+              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
+          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4),
+                 CASE WHEN $3 OPERATOR(pg_catalog.<) pg_catalog.now()
+                      THEN pg_catalog.nextval(pg_catalog.to_regclass('sturdy.queue_generation')) END
+            FROM moved",
+    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};

@@ -1,0 +1,471 @@
+//! `take`: leasing the oldest due rows, one without a statement or a batch
+//! through one, and what a take leaves for the `done`s that follow.
+
+use super::*;
+
+/// What one take statement handed out.
+pub(super) struct Taken {
+    pub(super) rows: usize,
+    /// The oldest place, before the take, of the rows it locked (taken, or
+    /// missed: locked but not leased, and so still ready there).
+    pub(super) oldest: Option<Position>,
+}
+
+/// How many times [`take_from`] runs its statement while rows come back
+/// locked but not leased (see the take statements). A rerun leases every
+/// row the one before missed, as it holds their locks; it can miss only rows
+/// others rewrote during its own few microseconds.
+pub(super) const TAKE_ATTEMPTS: usize = 3;
+
+/// The rows this backend's last batch take leased, by workflow: where each
+/// one's leased version lives (its tuple id), and the receipt they share (one
+/// `now()` and one lease for the whole take). An array `done` of them, the
+/// batch worker's next call, goes straight to those versions
+/// ([`DONE_LEASED`]) instead of descending the primary key once per row
+/// (random workflow names: about three cold pages a row, docs/internals.md). A one-row take keeps its row in [`Taken1`], for the
+/// single `done`, which goes to it without a statement.
+///
+/// Only ever a shortcut: each version is checked for its workflow, queue and
+/// receipt as it is deleted, and whatever it did not remove (a row
+/// rescheduled meanwhile, a table rewritten by `VACUUM FULL`, a take rolled
+/// back) goes through the receipt rule by key, as any other `done` does.
+pub(super) struct Leased {
+    pub(super) queue: Vec<u8>,
+    pub(super) receipt: Option<pg_sys::TimestampTz>,
+    pub(super) rows: HashMap<Vec<u8>, pg_sys::ItemPointerData>,
+}
+
+/// The row this backend's last one-row take leased, and where its leased
+/// version lives: the worker's `done` of it, its next call, deletes that
+/// version straight away (`access::Opened::delete_at_if`), without the
+/// primary key's pages, which for random workflow names are cold ones (a
+/// done descended three pages of it, a tenth of a take and done's time at
+/// one client on a core). Only ever a shortcut, as [`Leased`].
+pub(super) struct Taken1 {
+    pub(super) queue: Vec<u8>,
+    pub(super) workflow: Vec<u8>,
+    pub(super) receipt: pg_sys::TimestampTz,
+    pub(super) tid: pg_sys::ItemPointerData,
+    /// The invalidations this backend had taken in when it leased it.
+    pub(super) seen: access::Invalidations,
+    /// Whether it is still to be used (a `done` of it clears this, keeping
+    /// the buffers).
+    pub(super) live: bool,
+}
+
+thread_local! {
+    pub(super) static LEASED: RefCell<Option<Leased>> = const { RefCell::new(None) };
+    pub(super) static TAKEN: RefCell<Option<Taken1>> = const { RefCell::new(None) };
+    /// Array `done`s that went by tuple id, for the tests to see which way
+    /// a call went (the two ways remove the same rows by design).
+    #[cfg(any(test, feature = "pg_test"))]
+    pub(super) static BY_TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// One-row `done`s that went to the version of the last take.
+    #[cfg(any(test, feature = "pg_test"))]
+    pub(super) static ONE_BY_TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Remember the rows a batch take statement leased (columns 1, 2 and 6).
+pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
+    LEASED.with(|l| {
+        let mut leased = l.borrow_mut();
+        let leased = leased.get_or_insert_with(|| Leased {
+            queue: queue.bytes().to_vec(),
+            receipt: None,
+            rows: HashMap::new(),
+        });
+        for i in 0..r.len() {
+            let (Some(workflow), Some(receipt), Some(tid)) =
+                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 6))
+            else {
+                continue;
+            };
+            if *leased.receipt.get_or_insert(receipt) != receipt {
+                continue;
+            }
+            leased.rows.insert(workflow.to_vec(), tid);
+        }
+    });
+}
+
+/// A take statement: up to `max` rows from the place `from` on, due by
+/// `due`; run again while it returns rows it locked but could not lease (at
+/// most [`TAKE_ATTEMPTS`] runs).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn take_from(
+    call: &Args,
+    stmt: &'static Statement,
+    queue: Name,
+    lease: Interval,
+    max: i64,
+    from: Position,
+    due: TimestampWithTimeZone,
+    batch: bool,
+) -> Result<Taken> {
+    let claim = std::ptr::eq(stmt, &TAKE_ONE_CLAIM);
+    if (claim || std::ptr::eq(stmt, &TAKE_ONE))
+        && let Some(taken) = lease_one(call, queue, lease, from, due, claim)?
+    {
+        return Ok(taken);
+    }
+    let at = time_param(from.0);
+    let mut taken = Taken {
+        rows: 0,
+        oldest: None,
+    };
+    for _ in 0..TAKE_ATTEMPTS {
+        let left = max - taken.rows as i64;
+        let (rows, (oldest, missed)) = plan::run_as_set_then(
+            call,
+            stmt,
+            &[
+                queue.into(),
+                lease.into(),
+                left.into(),
+                at.into(),
+                from.1.into(),
+                due.into(),
+            ],
+            |r| {
+                if batch {
+                    lease_rows(queue, &r);
+                }
+                let oldest = (0..r.len())
+                    .filter_map(|i| Some((r.timestamptz(i, 4)?, r.get::<i64>(i, 5)?)))
+                    .min();
+                let missed = (0..r.len()).any(|i| r.text_bytes(i, 1).is_none());
+                (oldest, missed)
+            },
+        )?;
+        taken.rows += rows;
+        taken.oldest = match (taken.oldest, oldest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if !missed || taken.rows as i64 >= max {
+            break;
+        }
+    }
+    Ok(taken)
+}
+
+/// [`TAKE_ONE`]'s work without the statement (see `access`), or with
+/// `claim` [`TAKE_ONE_CLAIM`]'s, the claim by [`crate::claim::claim_for`]'s
+/// statement, where nothing the statement would do is skipped that way;
+/// `None` where the statement must run.
+pub(super) fn lease_one(
+    call: &Args,
+    queue: Name,
+    lease: Interval,
+    from: Position,
+    due: TimestampWithTimeZone,
+    claim: bool,
+) -> Result<Option<Taken>> {
+    let Some(q) = queue.into_datum() else {
+        return Ok(None);
+    };
+    plan::begin_result(call);
+    // as the statement computes them: `now()` and `now() + lease`
+    let now = pgrx::datum::now();
+    let until = pg_sys::TimestampTz::from(args::plus(now, lease));
+    let mut got = None;
+    let Some(leased) = QUEUE.with(&[pg_sys::ACL_UPDATE], |table| {
+        table.lease_first(
+            &LEASE_COLUMNS,
+            q,
+            from,
+            due.into(),
+            until,
+            now.into(),
+            |row| got = Some((Text::copied(row.key), row.place, row.tid)),
+        )
+    })?
+    else {
+        return Ok(None);
+    };
+    let Some((workflow, place, tid)) = got.filter(|_| leased) else {
+        return Ok(Some(Taken {
+            rows: 0,
+            oldest: None,
+        }));
+    };
+    let workflow = args::name("workflow", Some(workflow))?;
+    // (into the buffers of the last one kept: no allocation a take)
+    TAKEN.with(|t| {
+        let mut t = t.borrow_mut();
+        let kept = t.get_or_insert_with(|| Taken1 {
+            queue: Vec::new(),
+            workflow: Vec::new(),
+            receipt: until,
+            tid,
+            seen: access::Invalidations::now(),
+            live: false,
+        });
+        kept.queue.clear();
+        kept.queue.extend_from_slice(queue.bytes());
+        kept.workflow.clear();
+        kept.workflow.extend_from_slice(workflow.bytes());
+        kept.receipt = until;
+        kept.tid = tid;
+        kept.seen = access::Invalidations::now();
+        kept.live = true;
+    });
+    let token = if claim {
+        crate::claim::claim_for(workflow, lease)?
+    } else {
+        None
+    };
+    plan::append_row(
+        call,
+        &[
+            workflow.into_datum(),
+            Some(pg_sys::Datum::from(until)),
+            token.map(pg_sys::Datum::from),
+        ],
+    )?;
+    Ok(Some(Taken {
+        rows: 1,
+        oldest: Some(place),
+    }))
+}
+
+/// Returns its rows through the call (see `plan::run_as_set`).
+#[sql_function(
+    "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
+                 max integer DEFAULT 1, claim boolean DEFAULT false)
+     RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10",
+    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease's end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies."
+)]
+pub(super) fn take(
+    call: &Args,
+    queue: Option<Text>,
+    lease: Option<Interval>,
+    max: Option<i32>,
+    claim: Option<bool>,
+) -> Result<()> {
+    let queue = args::name("queue", queue)?;
+    let lease = args::lease("lease", lease)?;
+    let max = args::positive("max", max)?;
+    let claim = args::required("claim", claim)?;
+    let stmt = statement_for(max, claim);
+    let batch = max > 1;
+    if batch {
+        LEASED.with(|l| *l.borrow_mut() = None);
+    }
+    let start = Instant::now();
+    let now = pgrx::datum::now();
+    // Read before any scan: a past-dated write that bumps it after this
+    // point is found by the next take.
+    let (installation, generation) = generation::read();
+    // the floors other backends reached here (`heads`), for this generation
+    let shared = installation
+        .zip(generation)
+        .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
+    let take = |left: usize, from: Position, due: TimestampWithTimeZone| {
+        take_from(call, stmt, queue, lease, left as i64, from, due, batch)
+    };
+    let (floor, stood) = where_to_start(queue, shared, generation, start);
+    let (mut taken, full) = scan(floor, max as usize, now, take)?;
+    // rows found below where the takes stood: left behind (see `where_to_start`)
+    let drain = stood
+        .zip(taken.oldest)
+        .is_some_and(|(stood, oldest)| oldest < stood);
+    remember(
+        queue,
+        &taken,
+        full.map(|cost| (cost, drain)),
+        stood,
+        generation,
+    );
+    taken.rows += look_again_by_the_clock(
+        queue,
+        shared,
+        generation,
+        lease,
+        now,
+        max as usize - taken.rows.min(max as usize),
+        take,
+    )?;
+    publish_floor(queue, shared);
+    if taken.rows == 0 {
+        run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+        idle::bump();
+    }
+    Ok(())
+}
+
+/// The statement a take of `max` rows runs, with `claim` or not, in this
+/// schema.
+fn statement_for(max: i32, claim: bool) -> &'static Statement {
+    match (max, claim, schema::current()) {
+        (1, false, true) => &TAKE_ONE,
+        (1, true, true) => &TAKE_ONE_CLAIM,
+        (_, false, true) => &TAKE_MANY,
+        (_, true, true) => &TAKE_MANY_CLAIM,
+        (1, false, false) => &schema::TAKE_ONE_RELEASED,
+        (1, true, false) => &schema::TAKE_ONE_CLAIM_RELEASED,
+        (_, false, false) => &schema::TAKE_MANY_RELEASED,
+        (_, true, false) => &schema::TAKE_MANY_CLAIM_RELEASED,
+    }
+}
+
+/// Where a take of `queue` starts: from the floor, or from the start; and
+/// whether a short take may go back to the start. Rate-limited, the floor
+/// holds whatever the generation; otherwise only for the generation it was
+/// found under. A floor goes on to the furthest another backend reached
+/// under this generation (`shared`), which holds as one's own would.
+///
+/// A scan from the start due by the backend's own schedule is skipped
+/// where another backend of the server ran one of this queue within that
+/// schedule's interval (`heads::claim_scan`): one a second for the
+/// server, not one a second for each of its backends. One that found a
+/// row below where the takes stood leaves `drain` set: this backend's
+/// next takes scan from the start too (as often as the rate limit lets
+/// them), until one finds nothing left there.
+///
+/// Returns (where to start, whether a short take may go back to the
+/// start), `None` for the start; and where a take by the floor would have
+/// started (`None`: the floor holds for no generation of now).
+fn where_to_start(
+    queue: Name,
+    shared: Option<(heads::Queue, i64)>,
+    generation: Option<i64>,
+    start: Instant,
+) -> (Option<(Position, bool)>, Option<Position>) {
+    FLOORS.with(|f| {
+        let floors = f.borrow();
+        let Some(fl) = floors.get(queue.bytes()) else {
+            // This backend's first take here: from the floor another one
+            // reached under this generation, where one did (it holds as
+            // this backend's own would) and some backend scanned from the
+            // start less than a second ago, not through the whole dead
+            // front; rows left below it are the periodic scans'. Where none
+            // did, this take is the periodic scan: a server whose every
+            // connection takes once (a `pg_cron` job's) still scans from the
+            // start once a second.
+            let reached = shared.and_then(|(q, g)| Some((q, heads::read(&q, g)?)));
+            let adopted = reached.filter(|(q, _)| !heads::claim_scan(q, clock(), every(LEAST_DUE)));
+            return (adopted.map(|(_, at)| (at, true)), reached.map(|(_, at)| at));
+        };
+        let further = shared.and_then(|(q, g)| heads::read(&q, g));
+        let at = further.map_or(fl.at, |f| f.max(fl.at));
+        let holds = fl.generation.is_some() && fl.generation == generation;
+        let floor = match fl.rescans.next(start) {
+            ScanFrom::Start if holds && !fl.drain => match shared {
+                Some((q, _)) if !heads::claim_scan(&q, clock(), every(fl.rescans.due())) => {
+                    Some((at, true))
+                }
+                _ => None,
+            },
+            ScanFrom::Start => None,
+            ScanFrom::Floor(false) => Some((at, false)),
+            ScanFrom::Floor(true) if holds && !fl.drain => Some((at, true)),
+            ScanFrom::Floor(true) => None,
+        };
+        (floor, holds.then_some(at))
+    })
+}
+
+/// The take's scans by `now()`: from `floor` (see [`where_to_start`]) or
+/// from the start, and, where one from the floor came up short and may,
+/// from the start for the rest. What they took, and how long the scan
+/// from the start took where one ran.
+fn scan(
+    floor: Option<(Position, bool)>,
+    max: usize,
+    now: TimestampWithTimeZone,
+    take: impl Fn(usize, Position, TimestampWithTimeZone) -> Result<Taken>,
+) -> Result<(Taken, Option<Duration>)> {
+    let began = Instant::now();
+    let (taken, full, may_rescan) = match floor {
+        Some((at, may)) => (take(max, at, now)?, None, may),
+        None => (take(max, START, now)?, Some(began.elapsed()), true),
+    };
+    if taken.rows >= max || full.is_some() || !may_rescan {
+        return Ok((taken, full));
+    }
+    // Came up short from the floor: the start decides.
+    let again = Instant::now();
+    let more = take(max - taken.rows, START, now)?;
+    let oldest = match (taken.oldest, more.oldest) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Ok((
+        Taken {
+            rows: taken.rows + more.rows,
+            oldest,
+        },
+        Some(again.elapsed()),
+    ))
+}
+
+/// Scans by the clock for the `left` rows a take still wants; how many
+/// they took.
+///
+/// Due means due by `now()`, the transaction's start. When the take comes
+/// up short with that stale, the scans may have judged by a time gone by:
+/// while they walked, the others took every row due by it, and the rows
+/// scheduled since are not due by it. A scan from the start that walked
+/// millions of dead entries under a pinned xmin, at 16 clients on two
+/// cores, took 3.7 s of clock time (docs/internals.md, take); under a dead
+/// front of a million entries a first take's scan from the start took a
+/// few hundred milliseconds, and the one scan by the clock that followed
+/// from its own floor, as far behind, came up empty too, beside a thousand
+/// ready rows; or the caller's transaction began long ago. So before the
+/// take says empty it scans again by the clock, from the furthest floor
+/// (its own, or one another backend reached under this generation since,
+/// which holds as its own would: where the others have got to), and again,
+/// by a clock read afresh, while a scan came up short but took long enough
+/// for the head to move on ([`RECHECK_AFTER`]), up to [`CLOCK_SCANS`] of
+/// them. Not when `now()` is stale by the lease or more: the lease counts
+/// from `now()`, and would have ended before the row was handed out.
+fn look_again_by_the_clock(
+    queue: Name,
+    shared: Option<(heads::Queue, i64)>,
+    generation: Option<i64>,
+    lease: Interval,
+    now: TimestampWithTimeZone,
+    mut left: usize,
+    take: impl Fn(usize, Position, TimestampWithTimeZone) -> Result<Taken>,
+) -> Result<usize> {
+    let mut took = 0;
+    let mut stale_since = pg_sys::TimestampTz::from(now);
+    for _ in 0..CLOCK_SCANS {
+        if left == 0 {
+            break;
+        }
+        let clock = pgrx::datum::clock_timestamp();
+        let at_clock = pg_sys::TimestampTz::from(clock);
+        if at_clock - stale_since <= RECHECK_AFTER
+            || i128::from(at_clock - pg_sys::TimestampTz::from(now)) >= lease.as_micros()
+        {
+            break;
+        }
+        let own = FLOORS.with(|f| f.borrow().get(queue.bytes()).map(|fl| fl.at));
+        let further = shared.and_then(|(q, g)| heads::read(&q, g));
+        let Some(at) = own.max(further) else {
+            break;
+        };
+        let more = take(left, at, clock)?;
+        remember(queue, &more, None, None, generation);
+        took += more.rows;
+        left -= more.rows.min(left);
+        stale_since = at_clock;
+    }
+    Ok(took)
+}
+
+/// This backend's floor for `queue`, offered to the others (`heads`) where
+/// it holds for the generation they share.
+fn publish_floor(queue: Name, shared: Option<(heads::Queue, i64)>) {
+    if let Some((q, g)) = shared
+        && let Some(at) = FLOORS.with(|f| {
+            let floors = f.borrow();
+            let fl = floors.get(queue.bytes())?;
+            (fl.generation == Some(g)).then_some(fl.at)
+        })
+    {
+        heads::offer(&q, g, at);
+    }
+}
