@@ -7,7 +7,8 @@
 //! - `args`: argument checks, into validated values;
 //! - `fmgr`: how Postgres calls us and how errors leave with their SQLSTATE;
 //! - `plan`: statements prepared once per backend, set-returning results;
-//! - `access`: the queue's hot rows read and written through the access methods, without a statement;
+//! - `access`: hot rows read and written through the access methods, without a statement;
+//! - `grants`: whether the role holds a privilege on a relation of ours, kept per backend;
 //! - `activity`: how early a transaction running now can have begun, from the server's activity table;
 //! - `sequence`: reading a sequence of ours without a statement;
 //! - `heads`: the furthest floor each queue's takes reached, shared by all backends;
