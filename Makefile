@@ -49,6 +49,7 @@ test: bootstrap
 
 lint:
 	cargo fmt --all -- --check
+	python3 scripts/rooms.py
 	cargo test --quiet -p pg_sturdy_macros
 	set -e; for v in $(VERSIONS); do \
 	    CARGO_TARGET_DIR=$(CURDIR)/target/pg$$v cargo clippy --quiet --lib --tests \

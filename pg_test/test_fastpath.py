@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The calls served without a statement (src/access.rs: schedule's and
+"""The calls served without a statement (src/access/: schedule's and
 claim's upserts, take's lease, done's delete, finish's lock, update and
 insert) against the statements they stand for.
 
@@ -30,7 +30,7 @@ FAST, STMT = "sturdy_fp_fast", "sturdy_fp_stmt"
 ROLE = "sturdy_fp_worker"
 
 # An expression index on each table the fast path serves: it refuses the
-# table (src/access.rs, `shape`), and the statement keeps the index.
+# table (src/access/shape.rs), and the statement keeps the index.
 REFUSE = [
     "CREATE INDEX fp_refuse ON sturdy.queue ((workflow || ''))",
     "CREATE INDEX fp_refuse_claims ON sturdy.claims ((workflow || ''))",

@@ -337,7 +337,7 @@ def test_racing_schedules_of_one_new_key_make_one_row_and_never_fail():
     """Three sessions schedule the same six keys in a loop while a fourth
     deletes them, each call its own transaction, so that most schedules find
     no row and insert one, often two at once: schedule's upsert (without a
-    statement, access.rs) takes the speculative insert of the loser back and
+    statement, access/insert.rs) takes the speculative insert of the loser back and
     updates the winner's row, as ON CONFLICT does. No schedule fails (no
     duplicate key, no serialization error read committed), and the queue
     never holds a key twice."""
@@ -394,7 +394,7 @@ def test_racing_schedules_of_one_new_key_make_one_row_and_never_fail():
 
 def test_a_schedule_inserting_first_waits_for_the_key_another_is_inserting():
     """Among new keys a backend's schedule inserts before it looks (at most
-    four of its last 32 upserts found a row: access.rs, FOUND_AT_MOST; a new
+    four of its last 32 upserts found a row: access/insert.rs, FOUND_AT_MOST; a new
     connection starts looking first, so 30 new keys come first). Where another
     transaction is inserting the same key, the primary key's check reports
     the conflict without waiting; the schedule then takes its row back and

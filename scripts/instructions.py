@@ -25,7 +25,7 @@ its plain `INSERT`, which returns no row, never paid.
 
 `schedule` is counted in the steady state of a busy queue: a ready schedule
 probes `sturdy.queue_waiters` for an idle worker until one probe made a
-second after the backend first read the idle epoch finds none (queue.rs,
+second after the backend first read the idle epoch finds none (queue/wakeups.rs,
 `Unmarked`); from then on it does not look. Under callgrind that second is a
 few hundred calls, a different share of each run, so both runs of both sides
 start with one call and a pause past it (WARMUP), and the counted calls are
@@ -33,7 +33,7 @@ the ones a server sees after its first second.
 
 `schedule`, `claim` and `record` work on new keys, and a backend whose
 upserts into a table have seldom found a row inserts before it looks
-(access.rs, FOUND_AT_MOST). Two more cases count the other side of that
+(access/insert.rs, FOUND_AT_MOST). Two more cases count the other side of that
 bet: every `schedule` onto a row already there (the backend looks first
 throughout), and one call in nine onto a row there among new keys (the
 backend inserts first and, for the row there, pays a row inserted and taken
@@ -148,7 +148,7 @@ CASES = [
     # schedule onto a row there (BEFORE makes r-0 ... of queue 'resched'),
     # every call, and one call in nine among new keys: a backend whose last
     # upserts into a table seldom found a row inserts before it looks
-    # (access.rs, FOUND_AT_MOST), so a row among new keys costs an insert
+    # (access/insert.rs, FOUND_AT_MOST), so a row among new keys costs an insert
     # taken back
     (RESCHEDULE,
      ("PREPARE q(text) AS SELECT sturdy.schedule($1, now(), 'resched');", "EXECUTE q('r-{i}');"),

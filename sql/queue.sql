@@ -5,7 +5,7 @@
 
 -- seq orders rows that share a visible_at (a schedule of many in one
 -- transaction) and makes every place in take's index a point a floor can
--- name (src/queue.rs, `Floor`). From a sequence of its own, kept by pg_dump.
+-- name (src/queue/floor.rs, `Floor`). From a sequence of its own, kept by pg_dump.
 CREATE SEQUENCE sturdy.queue_seq;
 CREATE TABLE sturdy.queue (
     queue        text        COLLATE "C" NOT NULL,
@@ -34,7 +34,7 @@ ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
 -- a page's rows at once, and a leased version is 16 bytes longer than a
 -- scheduled one (taken_at and leased_until no longer NULL); at 45 a page of
 -- rows just scheduled takes all their leases, in the scheduling transaction
--- too, where nothing can be pruned (src/queue.rs's tests). Measured: batches
+-- too, where nothing can be pruned (src/queue/tests.rs). Measured: batches
 -- of 100 1.6x-2.3x those of the indexed lease, 1 to 16 clients, both commit
 -- regimes; one-row takes even (docs/internals.md, Tables).
 CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
@@ -42,7 +42,7 @@ SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');
 COMMENT ON SEQUENCE sturdy.queue_seq IS 'sturdy.queue.seq (kept by pg_dump, so new rows come after the restored ones).';
 
--- take's floor (src/queue.rs): each backend remembers, per queue, how far its
+-- take's floor (src/queue/floor.rs): each backend remembers, per queue, how far its
 -- takes have got, and scans from there instead of from the oldest entry of
 -- queue_visible, so index entries of rows long taken and deleted, which a
 -- pinned xmin keeps from vacuum, are not walked by every take. A write that
@@ -83,7 +83,7 @@ COMMENT ON TABLE sturdy.queue_waiters IS
 COMMENT ON COLUMN sturdy.queue_waiters.queue IS 'The queue a worker found empty.';
 COMMENT ON COLUMN sturdy.queue_waiters.since IS 'When the first take found it empty since the last notification.';
 
--- The idle epoch (src/queue.rs, `Unmarked`): bumped by every take that found
+-- The idle epoch (src/queue/wakeups.rs, `Unmarked`): bumped by every take that found
 -- its queue empty and marked it in queue_waiters. A schedule that makes a row
 -- ready looks for the mark only while this has moved since its backend last
 -- found the queue unmarked, so a busy queue's schedules never probe

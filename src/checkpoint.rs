@@ -32,16 +32,72 @@ use crate::subxact;
 
 /// The checkpoints table, for writes without a statement (see `access`):
 /// its columns by position.
-pub(crate) static CHECKPOINTS: access::Table = access::Table::new(
+static CHECKPOINTS: access::Table = access::Table::new(
     c"sturdy",
     c"checkpoints",
     &[c"workflow", c"step", c"value", c"token", c"recorded_at"],
 );
-pub(crate) const CP_WORKFLOW: access::Col = access::Col(0);
-pub(crate) const CP_STEP: access::Col = access::Col(1);
-pub(crate) const CP_VALUE: access::Col = access::Col(2);
-pub(crate) const CP_TOKEN: access::Col = access::Col(3);
-pub(crate) const CP_RECORDED_AT: access::Col = access::Col(4);
+const CP_WORKFLOW: access::Col = access::Col(0);
+const CP_STEP: access::Col = access::Col(1);
+const CP_VALUE: access::Col = access::Col(2);
+const CP_TOKEN: access::Col = access::Col(3);
+const CP_RECORDED_AT: access::Col = access::Col(4);
+
+/// A step a pass records as `INSERT ... ON CONFLICT DO NOTHING` inserts it,
+/// without a statement (`finish`'s step): its key and values, for
+/// [`StepRecord::insert_unless_there`].
+pub(crate) struct StepRecord {
+    key: [(access::Col, pg_sys::Datum); 2],
+    values: [(access::Col, pg_sys::Oid, Option<pg_sys::Datum>); 3],
+}
+
+impl StepRecord {
+    /// `step` = `value` of `workflow` (a `text` datum) under `token`,
+    /// recorded now (the clock, as `clock_timestamp()`).
+    pub(crate) fn new(workflow: pg_sys::Datum, step: Name, value: Jsonb, token: i64) -> Self {
+        let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
+        StepRecord {
+            key: [
+                (CP_WORKFLOW, workflow),
+                (CP_STEP, step.into_datum().unwrap_or(workflow)),
+            ],
+            values: [
+                (CP_VALUE, pg_sys::JSONBOID, value.into_datum()),
+                (CP_TOKEN, pg_sys::INT8OID, token.into_datum()),
+                (
+                    CP_RECORDED_AT,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(clock)),
+                ),
+            ],
+        }
+    }
+
+    fn upsert(&self) -> access::Upsert<'_> {
+        access::Upsert {
+            key: &self.key,
+            set: &self.values,
+            fill: &[],
+            insert_only: &[],
+            only_if: None,
+            increment: None,
+        }
+    }
+
+    /// The checkpoints table opened for it; `None` where `access` cannot
+    /// insert it (see there).
+    pub(crate) fn open(&self) -> Option<access::Opened> {
+        CHECKPOINTS
+            .opened(&[pg_sys::ACL_INSERT])
+            .filter(|table| table.can_insert(&self.upsert(), false))
+    }
+
+    /// Inserted into `table` ([`StepRecord::open`]) unless a row with its
+    /// key is there: whether it went in; `None` where it cannot be done here.
+    pub(crate) fn insert_unless_there(&self, table: &access::Opened) -> Result<Option<bool>> {
+        table.insert_unless_there(&self.upsert())
+    }
+}
 
 /// The fenced first-writer-wins write. No row back means the fence refused
 /// (no claim, or another token). The claim row is read `FOR UPDATE`: a
@@ -212,16 +268,16 @@ fn record_here(
         increment: None,
     };
     // both tables checked before anything is locked or written
-    let Some(claims) = claim::CLAIMS.opened(&[pg_sys::ACL_UPDATE]) else {
+    let Some(fence) = claim::Fence::open(false) else {
         return Ok(None);
     };
     let Some(checkpoints) = CHECKPOINTS.opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) else {
         return Ok(None);
     };
-    if !claims.can_lock(&[claim::C_WORKFLOW]) || !checkpoints.can_insert(&u, true) {
+    if !checkpoints.can_insert(&u, true) {
         return Ok(None);
     }
-    let Some((_fence, current)) = claim::lock_claim(&claims, w)? else {
+    let Some((_held, current)) = fence.lock(w)? else {
         return Ok(None);
     };
     claim::check_token(workflow, token, current)?;
@@ -390,7 +446,7 @@ mod tests {
     }
 
     /// A record that inserts before it looks (among new steps: at most four
-    /// of its backend's last 32 records found a checkpoint, access.rs) and
+    /// of its backend's last 32 records found a checkpoint, access/insert.rs) and
     /// meets the step's checkpoint there keeps the first value and hands it
     /// back whole, as a look would.
     #[pg_test]

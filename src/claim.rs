@@ -34,9 +34,9 @@ pub(crate) static CLAIMS: access::Table = access::Table::new(
         c"claimed_at",
     ],
 );
-pub(crate) const C_WORKFLOW: access::Col = access::Col(0);
-pub(crate) const C_TOKEN: access::Col = access::Col(1);
-pub(crate) const C_HELD_UNTIL: access::Col = access::Col(2);
+const C_WORKFLOW: access::Col = access::Col(0);
+const C_TOKEN: access::Col = access::Col(1);
+const C_HELD_UNTIL: access::Col = access::Col(2);
 const C_OWNER: access::Col = access::Col(3);
 const C_CLAIMED_AT: access::Col = access::Col(4);
 
@@ -52,6 +52,56 @@ pub(crate) fn lock_claim(
     };
     let current = row.as_ref().and_then(|row| claims.int8(row, C_TOKEN));
     Ok(Some((row, current)))
+}
+
+/// The claims table opened for a fenced write without a statement: a
+/// workflow's claim row locked as `SELECT ... FOR UPDATE` locks it (the
+/// fence), and, where `release` was asked for, that claim released.
+pub(crate) struct Fence(access::Opened);
+
+impl Fence {
+    /// `None` where `access` cannot do it (see there), with nothing locked
+    /// but the table, as a statement writing it locks it.
+    pub(crate) fn open(release: bool) -> Option<Fence> {
+        let claims = CLAIMS.opened(&[pg_sys::ACL_UPDATE])?;
+        (claims.can_lock(&[C_WORKFLOW])
+            && (!release || claims.can_update(&[(C_HELD_UNTIL, pg_sys::TIMESTAMPTZOID, false)])))
+        .then_some(Fence(claims))
+    }
+
+    /// The claim row of `workflow` (a `text` datum) locked, and its token
+    /// (see [`lock_claim`]).
+    pub(crate) fn lock(
+        &self,
+        workflow: pg_sys::Datum,
+    ) -> Result<Option<(Option<access::Locked>, Option<i64>)>> {
+        lock_claim(&self.0, workflow)
+    }
+
+    /// The claim `row` ([`Fence::lock`]) released at `now`, as `release`
+    /// does: its lease ended where it runs past `now`. `None` where it
+    /// cannot be written here, with nothing written.
+    pub(crate) fn release(
+        &self,
+        row: &access::Locked,
+        now: pg_sys::TimestampTz,
+    ) -> Result<Option<()>> {
+        if self
+            .0
+            .timestamptz(row, C_HELD_UNTIL)
+            .is_none_or(|held| held <= now)
+        {
+            return Ok(Some(()));
+        }
+        self.0.update(
+            row,
+            &[(
+                C_HELD_UNTIL,
+                pg_sys::TIMESTAMPTZOID,
+                Some(pg_sys::Datum::from(now)),
+            )],
+        )
+    }
 }
 
 /// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
@@ -294,7 +344,7 @@ mod tests {
     }
 
     /// A claim that inserts before it looks (among new workflows: at most
-    /// four of its backend's last 32 claims found a row, access.rs) and meets
+    /// four of its backend's last 32 claims found a row, access/insert.rs) and meets
     /// the workflow's row there fences by that row as a look would: a held
     /// claim is refused, a lapsed one taken with the next token.
     #[pg_test]

@@ -4,7 +4,7 @@
 //! shared memory, where the library is in `shared_preload_libraries` (not
 //! preloaded there, each backend goes by its own floors, as before).
 //!
-//! Each backend keeps its own floor per queue (`queue.rs`, `Floor`): the
+//! Each backend keeps its own floor per queue (`queue/floor.rs`, `Floor`): the
 //! place of the row its last take found, below which everything was handed
 //! out or held when it looked. Under a backlog the rows between one
 //! backend's floor and the queue's head are the ones the others took since,

@@ -21,12 +21,12 @@ impl Opened {
         check: Col,
         equals: pg_sys::TimestampTz,
     ) -> Result<Option<bool>> {
-        // SAFETY: as in `delete_if`; the version at `tid` is only read
-        // through the table's access method, which checks the place.
         if !self.may_delete_by(key, check) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
+        // SAFETY: as in `delete_if`; the version at `tid` is only read
+        // through the table's access method, which checks the place.
         unsafe {
             pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_DELETE);
             pg_sys::CommandCounterIncrement();
@@ -106,14 +106,14 @@ impl Opened {
         check: Col,
         equals: pg_sys::TimestampTz,
     ) -> Result<Option<bool>> {
-        // SAFETY: inside a transaction; the relations opened here are closed
-        // before we return (see `Open`), the snapshot registered is
-        // unregistered, the slot and the scans are released. On an error
-        // Postgres raises beneath us, its abort releases all of them.
         if !self.may_delete_by(key, check) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
+        // SAFETY: inside a transaction; the relations opened here are closed
+        // before we return (see `Open`), the snapshot registered is
+        // unregistered, the slot and the scans are released. On an error
+        // Postgres raises beneath us, its abort releases all of them.
         unsafe {
             let index = Open(pg_sys::index_open(shape.pkey, pg_sys::AccessShareLock as _));
             pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_DELETE);

@@ -85,10 +85,6 @@ impl Opened {
         update: bool,
         read: Option<Col>,
     ) -> Result<Option<(Upserted, Option<pg_sys::Datum>)>> {
-        // SAFETY: as in `delete_if`; the row is formed with the table's own
-        // descriptor, from values of its columns' types; the speculative
-        // insertion lock is released on every path once taken (an error
-        // between would abort the transaction, which releases it).
         if !self.may(pg_sys::ACL_INSERT) || (update && !self.may(pg_sys::ACL_UPDATE)) {
             return Ok(None);
         }
@@ -114,6 +110,11 @@ impl Opened {
                 }
             })
         };
+        // SAFETY: inside a transaction, the table open for writing (we hold
+        // `rel`); the index opened here is closed (`Open`), the snapshot
+        // registered is unregistered and the slots dropped before we
+        // return; on an error Postgres raises beneath us, its abort releases
+        // them (see `unwinding`).
         unsafe {
             // an `ON CONFLICT DO UPDATE` is refused as a whole, before it
             // inserts, where its update would be (a publication of updates,
@@ -149,34 +150,14 @@ impl Opened {
                 #[cfg_attr(not(any(test, feature = "pg_test")), allow(unused_variables))]
                 let blind = !look;
                 look = true;
-                let Some(mut tid) = found else {
+                let Some(tid) = found else {
                     if let Err(e) = row.fill(shape, u) {
                         break Err(e);
                     }
                     if new.is_null() {
                         new = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
                     }
-                    pg_sys::ExecClearTuple(new);
-                    let natts = row.values.len();
-                    std::slice::from_raw_parts_mut((*new).tts_values, natts)
-                        .copy_from_slice(&row.values);
-                    std::slice::from_raw_parts_mut((*new).tts_isnull, natts)
-                        .copy_from_slice(&row.nulls);
-                    pg_sys::ExecStoreVirtualTuple(new);
-                    let xid = pg_sys::GetCurrentTransactionId();
-                    let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
-                    pg_sys::table_tuple_insert_speculative(
-                        rel.0,
-                        new,
-                        cid,
-                        0,
-                        std::ptr::null_mut(),
-                        token,
-                    );
-                    let first = index_entries(rel.0, shape, new, None, index.0);
-                    pg_sys::table_tuple_complete_speculative(rel.0, new, token, first);
-                    pg_sys::SpeculativeInsertionLockRelease(xid);
-                    if first {
+                    if insert_speculatively(rel.0, shape, index.0, new, &row, cid) {
                         break Ok((Upserted::Inserted, None));
                     }
                     // a row there (another transaction's came first, or
@@ -190,95 +171,13 @@ impl Opened {
                 if snapshot.is_null() {
                     snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
                 }
-                if !update {
-                    // DO NOTHING: the row stays as it is, unlocked; but a
-                    // snapshot of the transaction's start must see it
-                    if repeatable() {
-                        if !pg_sys::table_tuple_fetch_row_version(
-                            rel.0,
-                            &mut tid,
-                            &raw mut pg_sys::SnapshotAnyData,
-                            existing,
-                        ) {
-                            break Err(unexpected("table_tuple_fetch_row_version", 0));
-                        }
-                        if !visible_to(rel.0, existing, snapshot) {
-                            break Err(serialization("update"));
-                        }
-                    }
-                    break Ok((Upserted::Kept, None));
-                }
-                let (result, _) = lock_version(
-                    rel.0,
-                    &mut tid,
-                    snapshot,
-                    existing,
-                    cid,
-                    pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
-                    pg_sys::LockWaitPolicy::LockWaitBlock,
-                    0,
-                );
-                if let Some(e) = changed_since_snapshot(result) {
-                    break Err(e);
-                }
-                match result {
-                    pg_sys::TM_Result::TM_Ok => {}
+                match on_conflict(rel.0, shape, u, update, tid, existing, snapshot, cid, &keep) {
+                    Ok(Some(done)) => break Ok(done),
                     // changed since we found it: the row to update may be
                     // another, or none
-                    pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted => continue,
-                    other => break Err(unexpected("table_tuple_lock", other)),
+                    Ok(None) => continue,
+                    Err(e) => break Err(e),
                 }
-                // locked; a snapshot of the transaction's start must see it
-                if repeatable() && !visible_to(rel.0, existing, snapshot) {
-                    break Err(serialization("update"));
-                }
-                // `WHERE` unmet, or an update that would change nothing (no
-                // `set`, no increment: the row kept as it is, locked, rather
-                // than rewritten unchanged)
-                if u.only_if.is_some_and(|(col, at)| {
-                    timestamptz(existing, shape.attnums[col.0]).is_none_or(|v| v > at)
-                }) || (u.set.is_empty() && u.increment.is_none())
-                {
-                    break Ok((Upserted::Kept, keep(existing)));
-                }
-                let set: Vec<pg_sys::AttrNumber> =
-                    u.set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
-                let mut incremented = None;
-                let written = rewrite(
-                    rel.0,
-                    shape,
-                    existing,
-                    tid,
-                    cid,
-                    snapshot,
-                    &set,
-                    |values, nulls| {
-                        // the row's own value, before `set` is written over it
-                        if let Some(col) = u.increment {
-                            let i = shape.attnums[col.0] as usize - 1;
-                            let Some(next) = (!nulls[i])
-                                .then(|| values[i].value() as i64)
-                                .and_then(|n| n.checked_add(1))
-                            else {
-                                return Err(out_of_range("bigint"));
-                            };
-                            incremented = Some((i, next));
-                        }
-                        for (col, _, value) in u.set {
-                            let i = shape.attnums[col.0] as usize - 1;
-                            values[i] = value.unwrap_or(pg_sys::Datum::from(0));
-                            nulls[i] = value.is_none();
-                        }
-                        if let Some((i, next)) = incremented {
-                            (values[i], nulls[i]) = (pg_sys::Datum::from(next), false);
-                        }
-                        Ok(())
-                    },
-                );
-                break written.map(|version| {
-                    pg_sys::ExecDropSingleTupleTableSlot(version);
-                    (Upserted::Updated(incremented.map(|(_, next)| next)), None)
-                });
             };
             pg_sys::ExecDropSingleTupleTableSlot(existing);
             if !new.is_null() {
@@ -294,6 +193,158 @@ impl Opened {
             count_served();
             outcome.map(Some)
         }
+    }
+}
+
+/// The row in `row` inserted speculatively through `new` (a slot of `rel`),
+/// as `INSERT ... ON CONFLICT` inserts: the primary key's entry checked
+/// without raising, and the row taken back where another transaction's
+/// entry for the key came first. Whether it went in.
+///
+/// # Safety
+/// `rel` is open for writing and `index` is its primary key, open; `row`
+/// is formed with the table's own descriptor, from values of its columns'
+/// types; `cid` is this command's.
+unsafe fn insert_speculatively(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    index: pg_sys::Relation,
+    new: *mut pg_sys::TupleTableSlot,
+    row: &Row,
+    cid: pg_sys::CommandId,
+) -> bool {
+    // SAFETY: within the contract above; the speculative insertion lock is
+    // released on every path once taken (an error between would abort the
+    // transaction, which releases it).
+    unsafe {
+        pg_sys::ExecClearTuple(new);
+        let natts = row.values.len();
+        std::slice::from_raw_parts_mut((*new).tts_values, natts).copy_from_slice(&row.values);
+        std::slice::from_raw_parts_mut((*new).tts_isnull, natts).copy_from_slice(&row.nulls);
+        pg_sys::ExecStoreVirtualTuple(new);
+        let xid = pg_sys::GetCurrentTransactionId();
+        let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+        pg_sys::table_tuple_insert_speculative(rel, new, cid, 0, std::ptr::null_mut(), token);
+        let first = index_entries(rel, shape, new, None, index);
+        pg_sys::table_tuple_complete_speculative(rel, new, token, first);
+        pg_sys::SpeculativeInsertionLockRelease(xid);
+        first
+    }
+}
+
+/// `ON CONFLICT` for the row version at `tid` that has `u`'s key: `DO
+/// NOTHING` (`!update`) keeps it as it is, unlocked; `DO UPDATE` locks it
+/// (waiting for any holder) and writes `u.set` (and `u.increment`) where
+/// `u.only_if` holds, else keeps it locked. What was done, with `keep`'s
+/// copy of a row kept; `None` where the row changed since it was found (the
+/// caller looks again).
+///
+/// # Safety
+/// `rel` is open for writing; `existing` is one of its slots; `snapshot` is
+/// registered; `cid` is this command's.
+#[allow(clippy::too_many_arguments)]
+unsafe fn on_conflict(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    u: &Upsert,
+    update: bool,
+    mut tid: pg_sys::ItemPointerData,
+    existing: *mut pg_sys::TupleTableSlot,
+    snapshot: pg_sys::Snapshot,
+    cid: pg_sys::CommandId,
+    keep: &dyn Fn(*mut pg_sys::TupleTableSlot) -> Option<pg_sys::Datum>,
+) -> Result<Option<(Upserted, Option<pg_sys::Datum>)>> {
+    // SAFETY: within the contract above; a new version is formed from the
+    // locked one's values with the table's own descriptor (`rewrite`).
+    unsafe {
+        if !update {
+            // DO NOTHING: the row stays as it is, unlocked; but a snapshot
+            // of the transaction's start must see it
+            if repeatable() {
+                if !pg_sys::table_tuple_fetch_row_version(
+                    rel,
+                    &mut tid,
+                    &raw mut pg_sys::SnapshotAnyData,
+                    existing,
+                ) {
+                    return Err(unexpected("table_tuple_fetch_row_version", 0));
+                }
+                if !visible_to(rel, existing, snapshot) {
+                    return Err(serialization("update"));
+                }
+            }
+            return Ok(Some((Upserted::Kept, None)));
+        }
+        let (result, _) = lock_version(
+            rel,
+            &mut tid,
+            snapshot,
+            existing,
+            cid,
+            pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
+            pg_sys::LockWaitPolicy::LockWaitBlock,
+            0,
+        );
+        if let Some(e) = changed_since_snapshot(result) {
+            return Err(e);
+        }
+        match result {
+            pg_sys::TM_Result::TM_Ok => {}
+            pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted => return Ok(None),
+            other => return Err(unexpected("table_tuple_lock", other)),
+        }
+        // locked; a snapshot of the transaction's start must see it
+        if repeatable() && !visible_to(rel, existing, snapshot) {
+            return Err(serialization("update"));
+        }
+        // `WHERE` unmet, or an update that would change nothing (no `set`,
+        // no increment: the row kept as it is, locked, rather than
+        // rewritten unchanged)
+        if u.only_if.is_some_and(|(col, at)| {
+            timestamptz(existing, shape.attnums[col.0]).is_none_or(|v| v > at)
+        }) || (u.set.is_empty() && u.increment.is_none())
+        {
+            return Ok(Some((Upserted::Kept, keep(existing))));
+        }
+        let set: Vec<pg_sys::AttrNumber> =
+            u.set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
+        let mut incremented = None;
+        let version = rewrite(
+            rel,
+            shape,
+            existing,
+            tid,
+            cid,
+            snapshot,
+            &set,
+            |values, nulls| {
+                // the row's own value, before `set` is written over it
+                if let Some(col) = u.increment {
+                    let i = shape.attnums[col.0] as usize - 1;
+                    let Some(next) = (!nulls[i])
+                        .then(|| values[i].value() as i64)
+                        .and_then(|n| n.checked_add(1))
+                    else {
+                        return Err(out_of_range("bigint"));
+                    };
+                    incremented = Some((i, next));
+                }
+                for (col, _, value) in u.set {
+                    let i = shape.attnums[col.0] as usize - 1;
+                    values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+                    nulls[i] = value.is_none();
+                }
+                if let Some((i, next)) = incremented {
+                    (values[i], nulls[i]) = (pg_sys::Datum::from(next), false);
+                }
+                Ok(())
+            },
+        )?;
+        pg_sys::ExecDropSingleTupleTableSlot(version);
+        Ok(Some((
+            Upserted::Updated(incremented.map(|(_, next)| next)),
+            None,
+        )))
     }
 }
 
@@ -410,6 +461,8 @@ pub(super) unsafe fn conflicting(
     key: &[(Col, pg_sys::Datum)],
     slot: *mut pg_sys::TupleTableSlot,
 ) -> Option<pg_sys::ItemPointerData> {
+    // SAFETY: within the contract above: `rel` and its primary key `index` are open; `key`
+    // are `text` datums in the index's column order; `slot` is a slot of `rel`.
     unsafe {
         loop {
             pg_sys::check_for_interrupts!();

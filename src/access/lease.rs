@@ -117,48 +117,31 @@ impl Opened {
         now: pg_sys::TimestampTz,
         leased: impl FnOnce(Leased),
     ) -> Result<Option<bool>> {
-        // SAFETY: as in `delete_if`; the new row version is formed from the
-        // locked one's values with the table's own descriptor.
         if !self.may(pg_sys::ACL_UPDATE) || !self.shape.rewritable() {
             return Ok(None);
         }
-        let (rel, shape) = (&self.rel, &self.shape);
+        let Some((scan_index, cols)) = self.lease_columns(c) else {
+            return Ok(None);
+        };
+        let rel = self.rel.0;
+        let lease = Lease {
+            rel,
+            shape: &self.shape,
+            cols,
+            queue,
+            from,
+            due,
+            until,
+            now,
+        };
+        // SAFETY: inside a transaction, with the table open for writing (we
+        // hold `rel`); everything begun here (the index opened, the
+        // snapshot registered, the slots, the scan) is ended before we
+        // return, and on an error Postgres raises beneath us its abort
+        // releases all of them (see `unwinding`).
         unsafe {
-            let Some(scan_index) = shape.index_on(&[c.queue, c.visible_at, c.seq]) else {
-                return Ok(None);
-            };
-            let [
-                visible_at,
-                seq,
-                leased_until,
-                taken_at,
-                takes,
-                key,
-                queue_col,
-            ] = [
-                c.visible_at,
-                c.seq,
-                c.leased_until,
-                c.taken_at,
-                c.takes,
-                c.key,
-                c.queue,
-            ]
-            .map(|col| shape.attnums[col.0]);
-            let typed =
-                |cols: &[Col], oid: pg_sys::Oid| cols.iter().all(|col| shape.types[col.0] == oid);
-            if !typed(&[c.queue, c.key], pg_sys::TEXTOID)
-                || !typed(
-                    &[c.visible_at, c.leased_until, c.taken_at],
-                    pg_sys::TIMESTAMPTZOID,
-                )
-                || !typed(&[c.seq], pg_sys::INT8OID)
-                || !typed(&[c.takes], pg_sys::INT4OID)
-            {
-                return Ok(None);
-            }
             let index = Open(pg_sys::index_open(scan_index, pg_sys::AccessShareLock as _));
-            pg_sys::CheckCmdReplicaIdentity(rel.0, pg_sys::CmdType::CMD_UPDATE);
+            pg_sys::CheckCmdReplicaIdentity(rel, pg_sys::CmdType::CMD_UPDATE);
             pg_sys::CommandCounterIncrement();
             let cid = pg_sys::GetCurrentCommandId(true);
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
@@ -166,6 +149,332 @@ impl Opened {
             if let Some(hook) = AFTER_SNAPSHOT.with(Cell::get) {
                 hook();
             }
+            let mut scan = QueueScan::begin(rel, index.0, snapshot, queue, from, due);
+            let found = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+            let locked = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+            let outcome = (|| {
+                while scan.next(found) {
+                    let Some(place) = lease.due_place(found) else {
+                        continue;
+                    };
+                    // The lease written at once on the version found, where
+                    // no one holds it and no one changed it since our
+                    // snapshot (a lock first, the way below, was a record of
+                    // its own in the WAL, a fifth of a take's records, and
+                    // one more exclusive hold of the page); where someone
+                    // does, nothing is written and the way below decides, as
+                    // it always did.
+                    let written = match lease.write_if_free(found, cid, snapshot)? {
+                        Some(version) => {
+                            #[cfg(any(test, feature = "pg_test"))]
+                            UNLOCKED.with(|n| n.set(n.get() + 1));
+                            Some((version, place))
+                        }
+                        None => lease.lock_and_write(found, locked, cid, snapshot)?,
+                    };
+                    let Some((version, place)) = written else {
+                        continue;
+                    };
+                    // (the key is NOT NULL)
+                    let key = slot_value(version, cols.key).unwrap_or(pg_sys::Datum::from(0));
+                    leased(Leased {
+                        key,
+                        place,
+                        tid: (*version).tts_tid,
+                    });
+                    pg_sys::ExecDropSingleTupleTableSlot(version);
+                    return Ok(true);
+                }
+                Ok(false)
+            })();
+            scan.end();
+            pg_sys::ExecDropSingleTupleTableSlot(found);
+            pg_sys::ExecDropSingleTupleTableSlot(locked);
+            pg_sys::UnregisterSnapshot(snapshot);
+            count_served();
+            outcome.map(Some)
+        }
+    }
+
+    /// The index `lease_first` scans, (queue, visible_at, seq), and the
+    /// attribute numbers of `c`'s columns; `None` where the table has no
+    /// such index or a column is not of the type the lease reads it as.
+    fn lease_columns(&self, c: &LeaseColumns) -> Option<(pg_sys::Oid, Attnums)> {
+        let shape = &self.shape;
+        let typed =
+            |cols: &[Col], oid: pg_sys::Oid| cols.iter().all(|col| shape.types[col.0] == oid);
+        if !typed(&[c.queue, c.key], pg_sys::TEXTOID)
+            || !typed(
+                &[c.visible_at, c.leased_until, c.taken_at],
+                pg_sys::TIMESTAMPTZOID,
+            )
+            || !typed(&[c.seq], pg_sys::INT8OID)
+            || !typed(&[c.takes], pg_sys::INT4OID)
+        {
+            return None;
+        }
+        let index = shape.index_on(&[c.queue, c.visible_at, c.seq])?;
+        let at = |col: Col| shape.attnums[col.0];
+        Some((
+            index,
+            Attnums {
+                queue: at(c.queue),
+                visible_at: at(c.visible_at),
+                seq: at(c.seq),
+                leased_until: at(c.leased_until),
+                taken_at: at(c.taken_at),
+                takes: at(c.takes),
+                key: at(c.key),
+            },
+        ))
+    }
+}
+
+/// The attribute numbers of [`LeaseColumns`]' columns in the table.
+#[derive(Clone, Copy)]
+struct Attnums {
+    queue: pg_sys::AttrNumber,
+    visible_at: pg_sys::AttrNumber,
+    seq: pg_sys::AttrNumber,
+    leased_until: pg_sys::AttrNumber,
+    taken_at: pg_sys::AttrNumber,
+    takes: pg_sys::AttrNumber,
+    key: pg_sys::AttrNumber,
+}
+
+/// One `lease_first`: what it leases and how, for its steps.
+struct Lease<'a> {
+    rel: pg_sys::Relation,
+    shape: &'a Shape,
+    cols: Attnums,
+    queue: pg_sys::Datum,
+    from: (pg_sys::TimestampTz, i64),
+    due: pg_sys::TimestampTz,
+    until: pg_sys::TimestampTz,
+    now: pg_sys::TimestampTz,
+}
+
+impl Lease<'_> {
+    /// The place of the row version in `slot`, where it is at or after
+    /// `from` and due (its `visible_at` and any lease's end at or before
+    /// `due`).
+    ///
+    /// # Safety
+    /// `slot` holds a version of the table (the scan's or the lock's).
+    unsafe fn due_place(
+        &self,
+        slot: *mut pg_sys::TupleTableSlot,
+    ) -> Option<(pg_sys::TimestampTz, i64)> {
+        // SAFETY: the slot holds a row of the table; the columns were found
+        // to be `timestamptz` and `bigint` (`lease_columns`).
+        unsafe {
+            let place = (
+                timestamptz(slot, self.cols.visible_at),
+                int8(slot, self.cols.seq),
+            );
+            let lease = timestamptz(slot, self.cols.leased_until);
+            match place {
+                (Some(v), Some(s))
+                    if v <= self.due
+                        && (v, s) >= self.from
+                        && lease.is_none_or(|l| l <= self.due) =>
+                {
+                    Some((v, s))
+                }
+                _ => None,
+            }
+        }
+    }
+
+    /// The lease written on the version the scan found, in `found`, where it
+    /// looks free (no one holds it, no one changed it since our snapshot) and
+    /// is of our queue: the slot of the new version, or `None` with nothing
+    /// written (then [`Lease::lock_and_write`] decides).
+    ///
+    /// # Safety
+    /// `found` holds the version the scan fetched, its buffer pinned;
+    /// `snapshot` is the scan's, registered; `cid` is this command's.
+    unsafe fn write_if_free(
+        &self,
+        found: *mut pg_sys::TupleTableSlot,
+        cid: pg_sys::CommandId,
+        snapshot: pg_sys::Snapshot,
+    ) -> Result<Option<*mut pg_sys::TupleTableSlot>> {
+        // SAFETY: as this function's contract; `lease` with `unless_held`
+        // writes nothing where the version turns out held after all.
+        unsafe {
+            if !looks_free(found) || !same_text(found, self.cols.queue, self.queue) {
+                return Ok(None);
+            }
+            lease(
+                self.rel,
+                self.shape,
+                found,
+                (*found).tts_tid,
+                cid,
+                snapshot,
+                [self.cols.leased_until, self.cols.taken_at, self.cols.takes],
+                self.until,
+                self.now,
+                true,
+            )
+        }
+    }
+
+    /// The row of the version in `found` locked as `FOR UPDATE SKIP LOCKED`
+    /// locks it (its newest version, read committed, into `locked`) and
+    /// leased where it is still due and of our queue: the slot of the new
+    /// version and the row's place; `None` where it was passed over (held by
+    /// another transaction, gone, no longer due).
+    ///
+    /// # Safety
+    /// As [`Lease::write_if_free`]; `locked` is another slot of the table.
+    unsafe fn lock_and_write(
+        &self,
+        found: *mut pg_sys::TupleTableSlot,
+        locked: *mut pg_sys::TupleTableSlot,
+        cid: pg_sys::CommandId,
+        snapshot: pg_sys::Snapshot,
+    ) -> Result<Option<(*mut pg_sys::TupleTableSlot, (pg_sys::TimestampTz, i64))>> {
+        // SAFETY: the table is open, its slots and the snapshot live to the
+        // end of the scan; the lock is kept to the end of the transaction,
+        // as `FOR UPDATE`'s is.
+        unsafe {
+            let mut tid = (*found).tts_tid;
+            let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
+                lock_version(
+                    self.rel,
+                    tid,
+                    snapshot,
+                    locked,
+                    cid,
+                    pg_sys::LockTupleMode::LockTupleExclusive,
+                    pg_sys::LockWaitPolicy::LockWaitSkip,
+                    flags as u8,
+                )
+            };
+            let (mut result, failure) = lock(&mut tid, 0);
+            if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
+                // Changed since our snapshot, by a commit: most often
+                // another take's lease. A lock on the newest version, taken
+                // only to find it leased, would stay to our commit and make
+                // that taker's `done` wait for us; so the version the change
+                // made is read unlocked first, and the newest locked only
+                // when that one is due, or when it is not the newest itself
+                // (a row changed again since, say leased and then made due
+                // again in place: the statement locks the newest version and
+                // rechecks that, and so do we).
+                let mut next = failure.ctid;
+                if pg_sys::table_tuple_fetch_row_version(
+                    self.rel,
+                    &mut next,
+                    &raw mut pg_sys::SnapshotAnyData,
+                    locked,
+                ) && self.due_place(locked).is_none()
+                    && looks_newest(locked)
+                {
+                    return Ok(None);
+                }
+                (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
+            }
+            if let Some(e) = changed_since_snapshot(result) {
+                return Err(e);
+            }
+            match result {
+                pg_sys::TM_Result::TM_Ok => {}
+                // another taker holds it; or this command itself
+                pg_sys::TM_Result::TM_WouldBlock | pg_sys::TM_Result::TM_SelfModified => {
+                    return Ok(None);
+                }
+                pg_sys::TM_Result::TM_Deleted => return Ok(None),
+                other => return Err(unexpected("table_tuple_lock", other)),
+            }
+            // the newest version, locked: due as it stands now? (it may be
+            // one committed after our snapshot, which the lock went on to;
+            // the key cannot have changed unnoticed either)
+            let Some(place) = self.due_place(locked) else {
+                return Ok(None);
+            };
+            if !same_text(locked, self.cols.queue, self.queue) {
+                return Ok(None);
+            }
+            let tid = (*locked).tts_tid;
+            let version = lease(
+                self.rel,
+                self.shape,
+                locked,
+                tid,
+                cid,
+                snapshot,
+                [self.cols.leased_until, self.cols.taken_at, self.cols.takes],
+                self.until,
+                self.now,
+                false,
+            )?;
+            // (`None` is not given without `unless_held`)
+            Ok(version.map(|v| (v, place)))
+        }
+    }
+}
+
+/// The scan of a take over the queue's index, (queue, visible_at, seq): its
+/// keys, the window that ends it, and where it got to. The scan holds
+/// pointers into the keys and the keys into the window, so all of it lives
+/// in one box that does not move while the scan does.
+struct QueueScan {
+    /// (queue, visible_at, seq) >= ($queue, $from): the members of the one
+    /// key the index checks.
+    row: [pg_sys::ScanKeyData; 3],
+    /// The one member of the key that ends the scan (see `begin`).
+    upper: [pg_sys::ScanKeyData; 1],
+    /// The two row comparisons the scan is given.
+    keys: [pg_sys::ScanKeyData; 2],
+    compare: pg_sys::FmgrInfo,
+    window: Window,
+    scan: pg_sys::IndexScanDesc,
+    queue: pg_sys::Datum,
+    due: pg_sys::TimestampTz,
+    /// The last entry handed back that was of the queue and due (its
+    /// place and heap tid), for a scan begun again after it.
+    last: Option<(pg_sys::Datum, pg_sys::Datum, pg_sys::ItemPointerData)>,
+    /// The entry a window closed after, met first again by the scan begun
+    /// after it.
+    seen: Option<pg_sys::ItemPointerData>,
+}
+
+impl QueueScan {
+    /// The scan begun from `from` in queue `queue`.
+    ///
+    /// # Safety
+    /// `rel` and `index` are open (`index` the table's (queue, visible_at,
+    /// seq) btree), `snapshot` is registered; the scan is ended by
+    /// [`QueueScan::end`] before any of them goes.
+    unsafe fn begin(
+        rel: pg_sys::Relation,
+        index: pg_sys::Relation,
+        snapshot: pg_sys::Snapshot,
+        queue: pg_sys::Datum,
+        from: (pg_sys::TimestampTz, i64),
+        due: pg_sys::TimestampTz,
+    ) -> Box<QueueScan> {
+        // SAFETY: the keys are plain data, zeroed then filled as
+        // `ScanKeyEntryInitialize` fills them; every pointer set between
+        // them (the row members, the window, the comparison) points into the
+        // box, which is not moved again; the scan is begun last, on keys
+        // complete, as the caller's contract allows.
+        unsafe {
+            let mut s = Box::new(QueueScan {
+                row: std::mem::zeroed(),
+                upper: std::mem::zeroed(),
+                keys: std::mem::zeroed(),
+                compare: std::mem::zeroed(),
+                window: Window::new(queue, FIRST_WINDOW),
+                scan: std::ptr::null_mut(),
+                queue,
+                due,
+                last: None,
+                seen: None,
+            });
             // (queue, visible_at, seq) >= ($queue, $from): the one key the
             // index checks. A btree scan reads a leaf page at a time and
             // checks its keys against every entry from the start to the
@@ -176,13 +485,8 @@ impl Opened {
             // the scan hands back (it copies them out: `xs_want_itup`),
             // where the scan stops at the first past either, as those keys
             // made it stop. (Attribute numbers of the index's columns.)
-            let mut row: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
             for (i, (proc_, collation, value)) in [
-                (
-                    pg_sys::F_BTTEXTCMP,
-                    *(*index.0).rd_indcollation.add(0),
-                    queue,
-                ),
+                (pg_sys::F_BTTEXTCMP, *(*index).rd_indcollation.add(0), queue),
                 (
                     pg_sys::F_TIMESTAMPTZ_CMP,
                     pg_sys::InvalidOid,
@@ -199,7 +503,7 @@ impl Opened {
             {
                 let end = if i == 2 { pg_sys::SK_ROW_END } else { 0 };
                 pg_sys::ScanKeyEntryInitialize(
-                    &mut row[i],
+                    &mut s.row[i],
                     (pg_sys::SK_ROW_MEMBER | end) as i32,
                     (i + 1) as pg_sys::AttrNumber,
                     pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
@@ -219,263 +523,148 @@ impl Opened {
             // the page's end, though a take wants a few: that was a fifth of
             // a take's instructions. Where the window closes before a row is
             // leased, the scan is begun again, with no window.
-            let window = Window::new(queue, FIRST_WINDOW);
-            let mut compare: pg_sys::FmgrInfo = std::mem::zeroed();
-            compare.fn_addr = Some(Window::compare);
-            compare.fn_oid = pg_sys::InvalidOid;
-            compare.fn_nargs = 2;
-            compare.fn_strict = true;
-            compare.fn_mcxt = pg_sys::CurrentMemoryContext;
-            let mut upper: [pg_sys::ScanKeyData; 1] = std::mem::zeroed();
+            s.compare.fn_addr = Some(Window::compare);
+            s.compare.fn_oid = pg_sys::InvalidOid;
+            s.compare.fn_nargs = 2;
+            s.compare.fn_strict = true;
+            s.compare.fn_mcxt = pg_sys::CurrentMemoryContext;
+            let window = pg_sys::Datum::from(&raw const s.window);
+            let compare = &raw mut s.compare;
             pg_sys::ScanKeyEntryInitializeWithInfo(
-                &mut upper[0],
+                &mut s.upper[0],
                 (pg_sys::SK_ROW_MEMBER | pg_sys::SK_ROW_END) as i32,
                 1,
                 pg_sys::BTLessEqualStrategyNumber as pg_sys::StrategyNumber,
                 pg_sys::InvalidOid,
-                *(*index.0).rd_indcollation.add(0),
-                &mut compare,
-                pg_sys::Datum::from(&raw const window),
+                *(*index).rd_indcollation.add(0),
+                compare,
+                window,
             );
-            let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
-            for (k, strategy, members) in [
-                (0, pg_sys::BTGreaterEqualStrategyNumber, row.as_mut_ptr()),
-                (1, pg_sys::BTLessEqualStrategyNumber, upper.as_mut_ptr()),
-            ] {
-                keys[k].sk_flags = pg_sys::SK_ROW_HEADER as i32;
-                keys[k].sk_attno = 1;
-                keys[k].sk_strategy = strategy as pg_sys::StrategyNumber;
-                keys[k].sk_argument = pg_sys::Datum::from(members);
+            let members = [s.row.as_mut_ptr(), s.upper.as_mut_ptr()];
+            for (k, (strategy, members)) in [
+                pg_sys::BTGreaterEqualStrategyNumber,
+                pg_sys::BTLessEqualStrategyNumber,
+            ]
+            .into_iter()
+            .zip(members)
+            .enumerate()
+            {
+                s.keys[k].sk_flags = pg_sys::SK_ROW_HEADER as i32;
+                s.keys[k].sk_attno = 1;
+                s.keys[k].sk_strategy = strategy as pg_sys::StrategyNumber;
+                s.keys[k].sk_argument = pg_sys::Datum::from(members);
             }
-            let scan = begin_scan(rel.0, index.0, snapshot, &mut keys[..], true);
-            let found = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
-            let locked = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
-            // the entry the scan is on: still of this queue, and due? (and
-            // its place, kept for a scan begun again after it)
-            let last = std::cell::Cell::new(None);
-            let within = || {
-                let mut values = [pg_sys::Datum::from(0); 3];
-                let mut nulls = [true; 3];
-                pg_sys::index_deform_tuple(
-                    (*scan).xs_itup,
-                    (*scan).xs_itupdesc,
-                    values.as_mut_ptr(),
-                    nulls.as_mut_ptr(),
-                );
-                let ok = !nulls[0]
-                    && !nulls[1]
-                    && !nulls[2]
-                    && same_bytes(values[0], queue)
-                    && values[1].value() as i64 <= due;
-                if ok {
-                    last.set(Some((values[1], values[2], (*scan).xs_heaptid)));
-                }
-                ok
-            };
-            // the entry a window closed after, met first again by the scan
-            // begun after it
-            let mut seen: Option<pg_sys::ItemPointerData> = None;
-            let is_due = |slot: *mut pg_sys::TupleTableSlot| {
-                let place = (timestamptz(slot, visible_at), int8(slot, seq));
-                let lease = timestamptz(slot, leased_until);
-                match place {
-                    (Some(v), Some(s))
-                        if v <= due && (v, s) >= from && lease.is_none_or(|l| l <= due) =>
-                    {
-                        Some((v, s))
-                    }
-                    _ => None,
-                }
-            };
-            let mut outcome = Ok(false);
+            s.scan = begin_scan(rel, index, snapshot, &mut s.keys[..], true);
+            s
+        }
+    }
+
+    /// The next version of a row of the queue due by `due`, fetched into
+    /// `slot`: `index_getnext_slot`, with each entry looked at before the
+    /// heap (a chain that may hold another visible version is followed on,
+    /// as there). `false` at the queue's end or the first entry not due.
+    ///
+    /// # Safety
+    /// Begun by [`QueueScan::begin`] and not ended; `slot` is one of the
+    /// table's.
+    unsafe fn next(&mut self, slot: *mut pg_sys::TupleTableSlot) -> bool {
+        // SAFETY: the scan is live (this function's contract); the entry it
+        // copied out (`xs_itup`) is read only while it is on it.
+        unsafe {
             loop {
                 pg_sys::check_for_interrupts!();
-                // `index_getnext_slot`, with the entry looked at before the
-                // heap (a chain that may hold another visible version is
-                // followed on, as there)
-                if !(*scan).xs_heap_continue {
+                if !(*self.scan).xs_heap_continue {
                     let tid = pg_sys::index_getnext_tid(
-                        scan,
+                        self.scan,
                         pg_sys::ScanDirection::ForwardScanDirection,
                     );
                     if tid.is_null() {
-                        // The window closed: on from the last entry handed
-                        // back, which the new scan meets again (first among
-                        // any of the same key: versions of one row), or
-                        // from the same place when there was none (the
-                        // window also counts the high key of each page read,
-                        // and a run of pages whose entries are all marked
-                        // dead has nothing else).
-                        if window.reopen() {
-                            if let Some((at, seq, tid)) = last.get() {
-                                row[1].sk_argument = at;
-                                row[2].sk_argument = seq;
-                                seen = Some(tid);
-                            }
-                            pg_sys::index_rescan(
-                                scan,
-                                keys.as_mut_ptr(),
-                                keys.len() as i32,
-                                std::ptr::null_mut(),
-                                0,
-                            );
+                        if self.reopen() {
                             continue;
                         }
-                        break;
+                        return false;
                     }
-                    if !within() {
-                        break;
+                    if !self.within() {
+                        return false;
                     }
-                    if seen.is_some_and(|s| same_tid(&s, &*tid)) {
-                        seen = None;
+                    if self.seen.is_some_and(|s| same_tid(&s, &*tid)) {
+                        self.seen = None;
                         continue;
                     }
                 }
-                if !pg_sys::index_fetch_heap(scan, found) {
-                    continue;
+                if pg_sys::index_fetch_heap(self.scan, slot) {
+                    return true;
                 }
-                let Some(found_place) = is_due(found) else {
-                    continue;
-                };
-                // The lease written at once on the version found, where no
-                // one holds it and no one changed it since our snapshot (a
-                // lock first, the way below, was a record of its own in the
-                // WAL, a fifth of a take's records, and one more exclusive
-                // hold of the page); where someone does, nothing is written
-                // and the way below decides, as it always did.
-                let written = if looks_free(found) && same_text(found, queue_col, queue) {
-                    match lease(
-                        rel.0,
-                        shape,
-                        found,
-                        (*found).tts_tid,
-                        cid,
-                        snapshot,
-                        [leased_until, taken_at, takes],
-                        until,
-                        now,
-                        true,
-                    ) {
-                        Ok(version) => version.map(|v| (v, found_place)),
-                        Err(e) => {
-                            outcome = Err(e);
-                            break;
-                        }
-                    }
-                } else {
-                    None
-                };
-                #[cfg(any(test, feature = "pg_test"))]
-                if written.is_some() {
-                    UNLOCKED.with(|n| n.set(n.get() + 1));
-                }
-                let (version, place) = match written {
-                    Some(written) => written,
-                    None => {
-                        let mut tid = (*found).tts_tid;
-                        let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
-                            lock_version(
-                                rel.0,
-                                tid,
-                                snapshot,
-                                locked,
-                                cid,
-                                pg_sys::LockTupleMode::LockTupleExclusive,
-                                pg_sys::LockWaitPolicy::LockWaitSkip,
-                                flags as u8,
-                            )
-                        };
-                        let (mut result, failure) = lock(&mut tid, 0);
-                        if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
-                            // Changed since our snapshot, by a commit: most often
-                            // another take's lease. A lock on the newest version,
-                            // taken only to find it leased, would stay to our
-                            // commit and make that taker's `done` wait for us; so
-                            // the version the change made is read unlocked first,
-                            // and the newest locked only when that one is due, or
-                            // when it is not the newest itself (a row changed
-                            // again since, say leased and then made due again in
-                            // place: the statement locks the newest version and
-                            // rechecks that, and so do we).
-                            let mut next = failure.ctid;
-                            if pg_sys::table_tuple_fetch_row_version(
-                                rel.0,
-                                &mut next,
-                                &raw mut pg_sys::SnapshotAnyData,
-                                locked,
-                            ) && is_due(locked).is_none()
-                                && looks_newest(locked)
-                            {
-                                continue;
-                            }
-                            (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
-                        }
-                        if let Some(e) = changed_since_snapshot(result) {
-                            outcome = Err(e);
-                            break;
-                        }
-                        match result {
-                            pg_sys::TM_Result::TM_Ok => {}
-                            // another taker holds it; or this command itself
-                            pg_sys::TM_Result::TM_WouldBlock
-                            | pg_sys::TM_Result::TM_SelfModified => {
-                                continue;
-                            }
-                            pg_sys::TM_Result::TM_Deleted => continue,
-                            other => {
-                                outcome = Err(unexpected("table_tuple_lock", other));
-                                break;
-                            }
-                        }
-                        // the newest version, locked: due as it stands now? (it may
-                        // be one committed after our snapshot, which the lock went on
-                        // to; the key cannot have changed unnoticed either)
-                        let Some(place) = is_due(locked) else {
-                            continue;
-                        };
-                        if !same_text(locked, queue_col, queue) {
-                            continue;
-                        }
-                        let tid = (*locked).tts_tid;
-                        match lease(
-                            rel.0,
-                            shape,
-                            locked,
-                            tid,
-                            cid,
-                            snapshot,
-                            [leased_until, taken_at, takes],
-                            until,
-                            now,
-                            false,
-                        ) {
-                            Ok(Some(version)) => (version, place),
-                            // (not given without `unless_held`)
-                            Ok(None) => continue,
-                            Err(e) => {
-                                outcome = Err(e);
-                                break;
-                            }
-                        }
-                    }
-                };
-                // (the key is NOT NULL)
-                let key = slot_value(version, key).unwrap_or(pg_sys::Datum::from(0));
-                leased(Leased {
-                    key,
-                    place,
-                    tid: (*version).tts_tid,
-                });
-                pg_sys::ExecDropSingleTupleTableSlot(version);
-                outcome = Ok(true);
-                break;
             }
-            pg_sys::index_endscan(scan);
-            pg_sys::ExecDropSingleTupleTableSlot(found);
-            pg_sys::ExecDropSingleTupleTableSlot(locked);
-            pg_sys::UnregisterSnapshot(snapshot);
-            count_served();
-            outcome.map(Some)
         }
+    }
+
+    /// The window closed: on from the last entry handed back, which the new
+    /// scan meets again (first among any of the same key: versions of one
+    /// row), or from the same place when there was none (the window also
+    /// counts the high key of each page read, and a run of pages whose
+    /// entries are all marked dead has nothing else). `false` where the
+    /// queue's end, not the window, ended the scan.
+    ///
+    /// # Safety
+    /// As [`QueueScan::next`].
+    unsafe fn reopen(&mut self) -> bool {
+        if !self.window.reopen() {
+            return false;
+        }
+        if let Some((at, seq, tid)) = self.last {
+            self.row[1].sk_argument = at;
+            self.row[2].sk_argument = seq;
+            self.seen = Some(tid);
+        }
+        // SAFETY: the scan is live; its keys are ours, in the box.
+        unsafe {
+            pg_sys::index_rescan(
+                self.scan,
+                self.keys.as_mut_ptr(),
+                self.keys.len() as i32,
+                std::ptr::null_mut(),
+                0,
+            );
+        }
+        true
+    }
+
+    /// Whether the entry the scan is on is still of the queue and due (and
+    /// its place, kept for a scan begun again after it).
+    ///
+    /// # Safety
+    /// As [`QueueScan::next`], the scan on an entry.
+    unsafe fn within(&mut self) -> bool {
+        // SAFETY: the scan copied the entry out (`xs_want_itup`) with its
+        // descriptor; its three columns are the index's.
+        unsafe {
+            let mut values = [pg_sys::Datum::from(0); 3];
+            let mut nulls = [true; 3];
+            pg_sys::index_deform_tuple(
+                (*self.scan).xs_itup,
+                (*self.scan).xs_itupdesc,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
+            let ok = !nulls[0]
+                && !nulls[1]
+                && !nulls[2]
+                && same_bytes(values[0], self.queue)
+                && values[1].value() as i64 <= self.due;
+            if ok {
+                self.last = Some((values[1], values[2], (*self.scan).xs_heaptid));
+            }
+            ok
+        }
+    }
+
+    /// The scan ended.
+    ///
+    /// # Safety
+    /// As [`QueueScan::next`]; not used again.
+    unsafe fn end(self: Box<Self>) {
+        // SAFETY: begun by `begin`, ended once (the box goes with it).
+        unsafe { pg_sys::index_endscan(self.scan) }
     }
 }

@@ -12,6 +12,7 @@ pub(super) unsafe fn equal_key(
     i: usize,
     value: pg_sys::Datum,
 ) {
+    // SAFETY: within the contract above: `index` is open; its column `i` is `text`.
     unsafe {
         pg_sys::ScanKeyEntryInitialize(
             key,
@@ -51,6 +52,8 @@ pub(super) unsafe fn key_scan(
     index: pg_sys::Relation,
     key: &[(Col, pg_sys::Datum)],
 ) -> [pg_sys::ScanKeyData; MAX_KEYS] {
+    // SAFETY: within the contract above: `index` is open; its first `key.len()` columns are
+    // `text`.
     unsafe {
         let mut keys: [pg_sys::ScanKeyData; MAX_KEYS] = std::mem::zeroed();
         for (i, (k, &(_, v))) in keys.iter_mut().zip(key).enumerate() {
@@ -66,6 +69,8 @@ pub(super) unsafe fn key_scan(
 /// # Safety
 /// `value` is a valid `text` datum, not read after what it points to goes.
 pub(super) unsafe fn inline_bytes<'a>(value: pg_sys::Datum) -> Option<&'a [u8]> {
+    // SAFETY: within the contract above: `value` is a valid `text` datum, not read after
+    // what it points to goes.
     unsafe {
         let p = value.cast_mut_ptr::<pg_sys::varlena>();
         if pgrx::varlena::varatt_is_1b_e(p) || pgrx::varlena::varatt_is_4b_c(p) {
@@ -99,6 +104,9 @@ pub(super) unsafe fn begin_scan(
     keys: &mut [pg_sys::ScanKeyData],
     copying: bool,
 ) -> pg_sys::IndexScanDesc {
+    // SAFETY: within the contract above: `rel` and `index` are open, `snapshot` is
+    // registered (or a dirty snapshot of the caller's), `keys` are valid for `index` and
+    // outlive the scan.
     unsafe {
         let n = keys.len() as i32;
         #[cfg(feature = "pg18")]
@@ -120,6 +128,7 @@ pub(super) unsafe fn timestamptz(
     slot: *mut pg_sys::TupleTableSlot,
     attnum: pg_sys::AttrNumber,
 ) -> Option<i64> {
+    // SAFETY: within the contract above; a `timestamptz` is passed by value.
     unsafe { slot_value(slot, attnum).map(|v| v.value() as i64) }
 }
 
@@ -131,6 +140,8 @@ pub(super) unsafe fn int8(
     slot: *mut pg_sys::TupleTableSlot,
     attnum: pg_sys::AttrNumber,
 ) -> Option<i64> {
+    // SAFETY: within the contract above; a `bigint` is passed by value, as a
+    // `timestamptz` is.
     unsafe { timestamptz(slot, attnum) }
 }
 
@@ -144,6 +155,7 @@ pub(super) unsafe fn same_text(
     attnum: pg_sys::AttrNumber,
     value: pg_sys::Datum,
 ) -> bool {
+    // SAFETY: within the contract above: the attribute is a `text` datum.
     unsafe { slot_value(slot, attnum).is_some_and(|v| same_bytes(v, value)) }
 }
 
@@ -157,6 +169,8 @@ pub(super) unsafe fn slot_value(
     slot: *mut pg_sys::TupleTableSlot,
     attnum: pg_sys::AttrNumber,
 ) -> Option<pg_sys::Datum> {
+    // SAFETY: within the contract above: `slot` holds a row with at least `attnum`
+    // attributes.
     unsafe {
         let n = i32::from(attnum);
         if i32::from((*slot).tts_nvalid) < n {
@@ -173,6 +187,7 @@ pub(super) unsafe fn slot_value(
 /// # Safety
 /// Both are valid `text` datums.
 pub(super) unsafe fn same_bytes(stored: pg_sys::Datum, value: pg_sys::Datum) -> bool {
+    // SAFETY: within the contract above: Both are valid `text` datums.
     unsafe {
         if let (Some(a), Some(b)) = (inline_bytes(stored), inline_bytes(value)) {
             return a == b;

@@ -86,6 +86,7 @@ impl Shape {
 /// # Safety
 /// Inside a transaction.
 pub(super) unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shape> {
+    // SAFETY: within the contract above: Inside a transaction.
     unsafe {
         // locked first: the catalog as of now, and no ALTER TABLE until the
         // transaction ends
@@ -197,6 +198,8 @@ pub(super) unsafe fn ordered_as_assumed(
     relid: pg_sys::Oid,
     keys: &[pg_sys::AttrNumber],
 ) -> bool {
+    // SAFETY: within the contract above: `index` is open; `keys` are its key columns'
+    // attribute numbers.
     unsafe {
         keys.iter().enumerate().all(|(i, &attnum)| {
             let type_ = pg_sys::get_atttype(relid, attnum);
@@ -220,6 +223,7 @@ pub(super) unsafe fn attribute(
     desc: pg_sys::TupleDesc,
     i: usize,
 ) -> *const pg_sys::FormData_pg_attribute {
+    // SAFETY: within the contract above: `i` is below `desc`'s `natts`.
     unsafe {
         #[cfg(feature = "pg18")]
         let a = pg_sys::TupleDescAttr(desc, i as i32).cast_const();
@@ -234,6 +238,8 @@ pub(super) unsafe fn attribute(
 /// # Safety
 /// `adbin` is a node tree's string form, from `pg_attrdef`.
 pub(super) unsafe fn default_of(adbin: *const std::ffi::c_char) -> Stored {
+    // SAFETY: within the contract above: `adbin` is a node tree's string form, from
+    // `pg_attrdef`.
     unsafe {
         let node = pg_sys::stringToNode(adbin).cast::<pg_sys::Node>();
         if node.is_null() {

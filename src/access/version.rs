@@ -23,6 +23,8 @@ pub(super) unsafe fn lease(
     now: pg_sys::TimestampTz,
     unless_held: bool,
 ) -> Result<Option<*mut pg_sys::TupleTableSlot>> {
+    // SAFETY: within the contract above: As [`rewrite`], or with `unless_held` as
+    // [`rewrite_unless_held`].
     unsafe {
         let changed = [leased_until, taken_at, takes];
         let edit = |values: &mut [pg_sys::Datum], nulls: &mut [bool]| {
@@ -67,6 +69,8 @@ pub(super) unsafe fn rewrite(
     changed: &[pg_sys::AttrNumber],
     edit: impl FnOnce(&mut [pg_sys::Datum], &mut [bool]) -> Result<()>,
 ) -> Result<*mut pg_sys::TupleTableSlot> {
+    // SAFETY: within the contract above: `rel` is open for writing, `locked` holds its row
+    // at `tid`, locked by this transaction, `snapshot` is registered.
     unsafe {
         match write_version(rel, shape, locked, tid, cid, snapshot, changed, edit, true)? {
             Ok(version) => Ok(version),
@@ -101,6 +105,8 @@ pub(super) unsafe fn rewrite_unless_held(
     if server_asserts() {
         return Ok(None);
     }
+    // SAFETY: within the contract above: `found` holds a version of `rel`'s row
+    // at `tid` that `snapshot` sees, as `write_version` needs.
     unsafe {
         match write_version(rel, shape, found, tid, cid, snapshot, changed, edit, false)? {
             Ok(version) => Ok(Some(version)),
@@ -125,6 +131,8 @@ pub(super) unsafe fn rewrite_unless_held(
 /// # Safety
 /// `slot` holds a version of a heap table, its buffer pinned.
 pub(super) unsafe fn looks_free(slot: *mut pg_sys::TupleTableSlot) -> bool {
+    // SAFETY: within the contract above: `slot` holds a version of a heap table, its buffer
+    // pinned.
     unsafe {
         let Some(header) = heap_header(slot) else {
             return false;
@@ -144,6 +152,7 @@ pub(super) unsafe fn looks_free(slot: *mut pg_sys::TupleTableSlot) -> bool {
 pub(super) unsafe fn heap_header(
     slot: *mut pg_sys::TupleTableSlot,
 ) -> Option<pg_sys::HeapTupleHeader> {
+    // SAFETY: within the contract above: As [`looks_free`].
     unsafe {
         if !std::ptr::eq((*slot).tts_ops, &raw const pg_sys::TTSOpsBufferHeapTuple) {
             return None;
@@ -164,6 +173,7 @@ pub(super) unsafe fn heap_header(
 /// # Safety
 /// As [`looks_free`].
 pub(super) unsafe fn looks_newest(slot: *mut pg_sys::TupleTableSlot) -> bool {
+    // SAFETY: within the contract above: As [`looks_free`].
     unsafe {
         let Some(header) = heap_header(slot) else {
             return false;
@@ -214,6 +224,7 @@ pub(super) unsafe fn write_version(
     edit: impl FnOnce(&mut [pg_sys::Datum], &mut [bool]) -> Result<()>,
     wait: bool,
 ) -> Result<std::result::Result<*mut pg_sys::TupleTableSlot, pg_sys::TM_Result::Type>> {
+    // SAFETY: within the contract above: As [`rewrite`].
     unsafe {
         let desc = (*rel).rd_att;
         let natts = (*desc).natts as usize;
@@ -278,6 +289,9 @@ pub(super) unsafe fn index_entries(
     changed: Option<&[pg_sys::AttrNumber]>,
     pkey: pg_sys::Relation,
 ) -> bool {
+    // SAFETY: within the contract above: `rel` is open for writing and `slot` holds a
+    // version of its row just written by this transaction; the shape is the table's as of
+    // now.
     unsafe {
         let mut tid = (*slot).tts_tid;
         let mut unique = true;
@@ -342,6 +356,8 @@ pub(super) unsafe fn lock_version(
     policy: pg_sys::LockWaitPolicy::Type,
     flags: u8,
 ) -> (pg_sys::TM_Result::Type, pg_sys::TM_FailureData) {
+    // SAFETY: within the contract above: `rel` is open, `slot` is one of its slots,
+    // `snapshot` is registered.
     unsafe {
         let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
         let result = pg_sys::table_tuple_lock(
@@ -371,6 +387,8 @@ pub(super) unsafe fn delete_version(
     cid: pg_sys::CommandId,
     snapshot: pg_sys::Snapshot,
 ) -> pg_sys::TM_Result::Type {
+    // SAFETY: within the contract above: `rel` is open for writes; `snapshot` is
+    // registered; `cid` is this command's.
     unsafe {
         let mut failure: pg_sys::TM_FailureData = std::mem::zeroed();
         pg_sys::table_tuple_delete(
@@ -397,6 +415,8 @@ pub(super) unsafe fn visible_to(
     slot: *mut pg_sys::TupleTableSlot,
     snapshot: pg_sys::Snapshot,
 ) -> bool {
+    // SAFETY: within the contract above: `slot` holds a row version of `rel`; `snapshot` is
+    // registered.
     unsafe {
         if pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
             return true;

@@ -2,6 +2,35 @@
 
 use super::*;
 
+/// The queue opened to remove taken rows without a statement, as `done`
+/// removes them (`finish`'s last part).
+pub(crate) struct Removal(access::Opened);
+
+impl Removal {
+    /// `None` where `access` cannot delete by the receipt rule here.
+    pub(crate) fn open() -> Option<Removal> {
+        QUEUE
+            .opened(&[pg_sys::ACL_DELETE])
+            .filter(|rows| rows.can_delete_if(&[Q_QUEUE, Q_WORKFLOW], Q_LEASED_UNTIL))
+            .map(Removal)
+    }
+
+    /// `workflow`'s row of `queue` removed if its receipt is `receipt`, as
+    /// `done` removes it: whether it went; `None` where it cannot be done
+    /// here, with nothing done.
+    pub(crate) fn remove(
+        &self,
+        queue: Name,
+        workflow: Name,
+        receipt: TimestampWithTimeZone,
+    ) -> Result<Option<bool>> {
+        let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum()) else {
+            return Ok(None);
+        };
+        delete_done(&self.0, queue, workflow, (q, w), receipt.into())
+    }
+}
+
 #[sql_function(
     "sturdy.done(workflow text, receipt timestamptz, queue text DEFAULT 'default')
      RETURNS boolean VOLATILE PARALLEL UNSAFE",
@@ -36,7 +65,7 @@ pub(super) fn done(
 /// take wrote where that is the row and the receipt (see [`Taken1`]), else
 /// by key ([`access::Opened::delete_if`], `None` where that cannot be done
 /// here).
-pub(crate) fn delete_done(
+pub(super) fn delete_done(
     table: &access::Opened,
     queue: Name,
     workflow: Name,

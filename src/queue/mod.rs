@@ -51,8 +51,7 @@ use pgrx::pg_sys;
 
 use crate::access;
 use crate::args::{self, Name};
-use crate::checkpoint;
-use crate::datum::{Jsonb, Text, TextArray, TidArray, TimestampArray};
+use crate::datum::{Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::heads;
@@ -74,7 +73,7 @@ mod tests {
     include!("tests.rs");
 }
 
-pub(crate) use done::delete_done;
+pub(crate) use done::Removal;
 use floor::*;
 pub use schedule::schedule_at;
 use sql::*;
@@ -83,7 +82,7 @@ use wakeups::*;
 
 /// The queue's table, for `done` and a one-row `take` without a statement
 /// (see `access`); its columns by position.
-pub(crate) static QUEUE: access::Table = access::Table::new(
+static QUEUE: access::Table = access::Table::new(
     c"sturdy",
     c"queue",
     &[
@@ -97,9 +96,9 @@ pub(crate) static QUEUE: access::Table = access::Table::new(
         c"scheduled_at",
     ],
 );
-pub(crate) const Q_QUEUE: access::Col = access::Col(0);
-pub(crate) const Q_WORKFLOW: access::Col = access::Col(1);
-pub(crate) const Q_LEASED_UNTIL: access::Col = access::Col(2);
+const Q_QUEUE: access::Col = access::Col(0);
+const Q_WORKFLOW: access::Col = access::Col(1);
+const Q_LEASED_UNTIL: access::Col = access::Col(2);
 const Q_VISIBLE_AT: access::Col = access::Col(3);
 const Q_SEQ: access::Col = access::Col(4);
 const Q_TAKEN_AT: access::Col = access::Col(5);

@@ -103,25 +103,3 @@ fn wake_at(
     }
     Ok(moved.is_some())
 }
-
-/// A value's arrival and the workflow's wakeup, in one transaction: supply the
-/// step, then schedule the workflow now.
-#[sql_function(
-    "sturdy.arrive(workflow text, step text, value jsonb, queue text DEFAULT 'default')
-     RETURNS jsonb VOLATILE PARALLEL UNSAFE",
-    comment = "supply the step and schedule the workflow now, in one transaction: a value's arrival and the workflow's wakeup commit together. Returns the value stored."
-)]
-fn arrive(
-    workflow: Option<Text>,
-    step: Option<Text>,
-    value: Option<Jsonb>,
-    queue: Option<Text>,
-) -> Result<Jsonb> {
-    let workflow = args::name("workflow", workflow)?;
-    let step = args::name("step", step)?;
-    let value = args::required("value", value)?;
-    let queue = args::name("queue", queue)?;
-    let stored = checkpoint::supply_value(workflow, step, value)?;
-    schedule_at(workflow, pgrx::datum::now(), queue)?;
-    Ok(stored)
-}

@@ -569,7 +569,7 @@ fn a_one_row_take_leases_without_a_statement_and_with_one_where_a_trigger_must_f
 
 /// A schedule inserts before it looks (one descent of the primary key)
 /// once at most four of its backend's last 32 upserts into the queue
-/// found a row (access.rs, `FOUND_AT_MOST`); where its key's row is there
+/// found a row (access/insert.rs, `FOUND_AT_MOST`); where its key's row is there
 /// after all, the key's check sends it to that row, which it updates as a
 /// look would have; and enough rows found turn it back to looking first.
 #[pg_test]
