@@ -559,6 +559,35 @@ def test_differential_truncate_vacuum_full_and_cluster_between_calls():
     assert not failures, " | ".join(failures)
 
 
+
+def test_differential_a_table_inheriting_from_ours():
+    """A statement reaches the rows of a table that inherits from ours (a
+    take leases them, a done deletes them): the fast path must hand every
+    call to its statement."""
+    same(["CREATE TABLE public.more_queue () INHERITS (sturdy.queue)",
+          "CREATE TABLE public.more_claims () INHERITS (sturdy.claims)",
+          "CREATE TABLE public.more_checkpoints () INHERITS (sturdy.checkpoints)",
+          "INSERT INTO public.more_queue (queue, workflow, visible_at, scheduled_at)"
+          " VALUES ('q', 'inherited', now() - interval '2 hours', now())",
+          "INSERT INTO public.more_claims (workflow, token, held_until, claimed_at)"
+          " VALUES ('c1', 7, now() - interval '1 hour', now())"])
+
+
+def test_differential_rules():
+    """A rule on our tables rewrites the statement; the fast path has none
+    to rewrite, so it must hand the call over."""
+    same(["CREATE TABLE public.rule_log (what text)",
+          "GRANT INSERT ON public.rule_log TO " + ROLE,
+          "CREATE RULE log_delete AS ON DELETE TO sturdy.queue DO ALSO INSERT INTO public.rule_log VALUES ('queue')",
+          "CREATE RULE log_update AS ON UPDATE TO sturdy.claims DO ALSO INSERT INTO public.rule_log VALUES ('claims')"],
+         BASE + [S("rules", "SELECT what, count(*) FROM public.rule_log GROUP BY what ORDER BY what")])
+
+
+def test_differential_a_read_only_transaction():
+    """Every write in a read-only transaction fails with 25006 before it
+    writes, on both sides."""
+    same([], [S("ro", "SET default_transaction_read_only = on")] + BASE)
+
 @pytest.fixture(scope="module", autouse=True)
 def sentinel():
     """A session opened before the first test, and the databases dropped
