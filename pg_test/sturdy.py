@@ -75,6 +75,25 @@ def wait_notifies(conn, seconds):
     return got
 
 
+def lost_connection(e):
+    """Whether the psycopg error `e` is the connection going with the server
+    (what a kill or an immediate stop does), not an error of a statement."""
+    return (e.sqlstate is None and isinstance(e, psycopg.OperationalError)) or \
+        (e.sqlstate or "").startswith("08") or e.sqlstate in ("57P01", "57P02", "57P03")
+
+
+class Finishes:
+    """For a load whose acknowledged finishes are kept in `self.finished`."""
+
+    def until_finished(self, n, seconds=60):
+        """Wait until `n` finishes were acknowledged (a kill must come
+        mid-load): whether they were, within `seconds`."""
+        deadline = time.monotonic() + seconds
+        while len(self.finished) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(self.finished) >= n
+
+
 def needs(*names):
     """The values of these environment variables; the test is skipped (and
     counted, with the reason) where one is unset."""

@@ -17,7 +17,7 @@ import time
 import psycopg
 import pytest
 
-from sturdy import SERVER as CONN, needs
+from sturdy import SERVER as CONN, Finishes, lost_connection, needs
 
 DB = "sturdy_crash"
 JOBS, EVENTS, LEASE = 6000, 400, 2
@@ -55,14 +55,7 @@ def wait_up(seconds=60):
     raise RuntimeError("the server did not come back")
 
 
-def lost_connection(e):
-    """Whether `e` is the connection going with the server (what a kill
-    does), not an error of a statement."""
-    return (e.sqlstate is None and isinstance(e, psycopg.OperationalError)) or \
-        (e.sqlstate or "").startswith("08") or e.sqlstate in ("57P01", "57P02", "57P03")
-
-
-class Load:
+class Load(Finishes):
     """Workers and pumps until stopped or their connection dies; every
     finish acknowledged by its commit is noted. With `killed`, a lost
     connection ends a thread quietly; any other error is noted in `errors`
@@ -77,12 +70,6 @@ class Load:
             with self.lock:
                 self.errors.append(f"{e.sqlstate}: {e}")
 
-    def until_finished(self, n, seconds=60):
-        """Wait until `n` finishes were acknowledged: the kill comes mid-load."""
-        deadline = time.monotonic() + seconds
-        while len(self.finished) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return len(self.finished) >= n
 
     def worker(self):
         try:

@@ -18,7 +18,7 @@ import time
 import psycopg
 import pytest
 
-from sturdy import needs
+from sturdy import Finishes, lost_connection, needs
 
 BINDIR = os.environ.get("STURDY_BINDIR", "")
 DIR = os.environ.get("STURDY_FAILOVER_DIR", "/tmp/pg_sturdy_failover")
@@ -84,14 +84,7 @@ def setup():
     raise RuntimeError("the standby never became synchronous")
 
 
-def lost_connection(e):
-    """Whether `e` is the connection going with the server (what the stop
-    of the primary does), not an error of a statement."""
-    return (e.sqlstate is None and isinstance(e, psycopg.OperationalError)) or \
-        (e.sqlstate or "").startswith("08") or e.sqlstate in ("57P01", "57P02", "57P03")
-
-
-class Load:
+class Load(Finishes):
     """Workers until stopped or their connection dies. With `killed`, a lost
     connection ends a worker quietly; any other error is noted in `errors`
     (and every error is, without `killed`)."""
@@ -101,12 +94,6 @@ class Load:
         self.finished, self.tokens, self.taken, self.errors = set(), {}, [], []
         self.lock, self.stop = threading.Lock(), threading.Event()
 
-    def until_finished(self, n, seconds=60):
-        """Wait until `n` finishes were acknowledged: the stop comes mid-load."""
-        deadline = time.monotonic() + seconds
-        while len(self.finished) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return len(self.finished) >= n
 
     def worker(self):
         try:
