@@ -2,7 +2,9 @@
 """The rooms of src/ and what may name what, checked by `make lint`:
 
 - the base rooms (what talks to the server, and shared helpers) never name a
-  capability;
+  capability or `compose`;
+- a capability names only base rooms, never another capability: the calls
+  that span several are in `compose`, built from their operations;
 - a table of ours (`static ...: access::Table`) and its columns (`const ...:
   access::Col`) are named only in the room that defines them: another room
   uses that room's operations, never its columns;
@@ -19,7 +21,7 @@ SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 BASE = {"access", "activity", "args", "datum", "error", "fmgr", "fragment", "grants", "heads", "plan",
         "rescan", "sequence", "subxact", "testing"}
 CAPABILITIES = {"batch", "checkpoint", "claim", "outbox", "queue", "workflow"}
-COMPOSED = {"pass"}  # the calls that span capabilities
+COMPOSED = {"compose"}  # the calls that span capabilities
 MAX_LINES = 850
 
 
@@ -67,7 +69,10 @@ def main():
     for room, files in texts.items():
         if room in BASE:
             for other in sorted(uses[room] - BASE):
-                breaches.append(f"src/{room}: a base room names the capability {other}")
+                breaches.append(f"src/{room}: a base room names {other}, which is not a base room")
+        if room in CAPABILITIES:
+            for other in sorted(uses[room] - BASE):
+                breaches.append(f"src/{room}: a capability names {other}: compose the two in src/compose/")
         for path, text in files:
             for name, owner in owned.items():
                 if owner != room and re.search(rf"\b{name}\b", text):

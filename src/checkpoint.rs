@@ -1,34 +1,28 @@
 //! Checkpoints: a workflow's completed steps, first writer wins.
 //!
-//! A step's value is written once and never overwritten. `record` is the
-//! fenced write of a pass holding a claim: one statement that reads the claim
-//! row `FOR UPDATE`, so it queues behind any claim in flight and compares
-//! tokens on the row as that claim left it; a superseded pass's write never
-//! lands. `supply` is the unfenced write for a value from outside any pass (an
-//! approval, a webhook): it must not fail because a worker happens to be
-//! mid-pass. Both answer with the value stored after the call, so a writer
-//! that lost the race carries on with the winner's.
+//! A step's value is written once and never overwritten. Two kinds of writer
+//! meet here. A pass holding a claim writes through the fence (`record`,
+//! `transact` and `finish`'s step, composed in `compose` from the claim's
+//! fence and this room's operations): its write lands only while its token is
+//! current. `supply` is the unfenced write for a value from outside any pass
+//! (an approval, a webhook): it must not fail because a worker happens to be
+//! mid-pass. Every writer learns the value stored after its call, so one that
+//! lost the race carries on with the winner's.
 //!
-//! `transact` makes an in-database effect exactly-once: fence, return the
-//! recorded value if the step is done, else run the effect and record its
-//! result in the caller's transaction. `supply` is the one writer a fence does
-//! not exclude; if it lands the step while the effect runs, the effect is
-//! rolled back through a subtransaction and the supplied value returned. The
-//! effect is caller code: it runs with the caller's rights (only if the caller
-//! may execute it) and the caller's `search_path`, and whatever it raises
-//! reaches the caller with its own SQLSTATE.
+//! This room owns the table and its columns and offers the operations the
+//! fenced writes are built from: [`StepRecord`] (a step inserted without a
+//! statement, or kept and read where it is there), [`write_unless_there`] and
+//! [`value_of`].
 
 use pg_sturdy_macros::sql_function;
 use pgrx::{IntoDatum, pg_sys};
 
 use crate::access;
 use crate::args::{self, Name};
-use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, run_one};
-use crate::subxact;
 
 /// The checkpoints table, for writes without a statement (see `access`):
 /// its columns by position.
@@ -97,34 +91,47 @@ impl StepRecord {
     pub(crate) fn insert_unless_there(&self, table: &access::Opened) -> Result<Option<bool>> {
         table.insert_unless_there(&self.upsert())
     }
-}
 
-/// The fenced first-writer-wins write. No row back means the fence refused
-/// (no claim, or another token). The claim row is read `FOR UPDATE`: a
-/// takeover in flight makes the write wait, and once it commits PostgreSQL
-/// re-checks `token = $4` on the new row version, so the stale write finds no
-/// row and never lands. (The seed locks in a CTE and compares outside it; same
-/// outcome, but the CTE is materialized on every call: ~5% of the statement.)
-/// `DO UPDATE SET value = cp.value` changes nothing but returns the stored
-/// row, so a loser learns the winner's value in the same statement; `xmax = 0`
-/// tells a fresh insert from that no-op update.
-static RECORD: Statement = Statement {
-    sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
-          SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
-            FROM sturdy.claims c
-           WHERE c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
-             FOR UPDATE OF c
-          ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
-          RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::INT8OID,
-    ],
-    writes: true,
-    generic: false,
-};
+    /// As `INSERT ... ON CONFLICT DO UPDATE SET value = cp.value` writes it
+    /// (`record`'s statement): inserted, or the row there locked and kept
+    /// unchanged. Its values are the insert's alone.
+    fn kept(&self) -> access::Upsert<'_> {
+        access::Upsert {
+            key: &self.key,
+            set: &[],
+            insert_only: &self.values,
+            fill: &[],
+            only_if: None,
+            increment: None,
+        }
+    }
+
+    /// The checkpoints table opened for [`StepRecord::insert_or_keep`];
+    /// `None` where `access` cannot do it (see there).
+    pub(crate) fn open_to_keep(&self) -> Option<access::Opened> {
+        CHECKPOINTS
+            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE])
+            .filter(|table| table.can_insert(&self.kept(), true))
+    }
+
+    /// Inserted into `table` ([`StepRecord::open_to_keep`]), or the row
+    /// there locked and kept: the value stored after the call and whether
+    /// this call stored it; `None` with nothing written where it cannot be
+    /// done here.
+    pub(crate) fn insert_or_keep(
+        &self,
+        table: &access::Opened,
+    ) -> Result<Option<(pg_sys::Datum, bool)>> {
+        let [(_, _, Some(value)), ..] = self.values else {
+            return Ok(None);
+        };
+        Ok(match table.upsert_reading(&self.kept(), CP_VALUE)? {
+            Some((access::Upserted::Inserted, _)) => Some((value, true)),
+            Some((access::Upserted::Kept, Some(stored))) => Some((stored, false)),
+            _ => None,
+        })
+    }
+}
 
 static SUPPLY: Statement = Statement {
     sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
@@ -144,23 +151,8 @@ static LOAD: Statement = Statement {
     generic: false,
 };
 
-/// Fence and existence check in one statement: lock the claim row, and read
-/// the step's value if it is already recorded.
-static TRANSACT_FENCE: Statement = Statement {
-    sql: "SELECT c.token, cp.value
-            FROM sturdy.claims c
-            LEFT JOIN sturdy.checkpoints cp
-              ON cp.workflow OPERATOR(pg_catalog.=) c.workflow AND cp.step OPERATOR(pg_catalog.=) $2
-           WHERE c.workflow OPERATOR(pg_catalog.=) $1
-             FOR UPDATE OF c",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-/// Record the effect's result unless somebody (only `supply` can) got there
-/// first; no row back means they did.
-static TRANSACT_WRITE: Statement = Statement {
+/// A step written unless it is there; no row back means it was.
+static WRITE_UNLESS_THERE: Statement = Statement {
     sql: "INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
           VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp())
           ON CONFLICT (workflow, step) DO NOTHING
@@ -175,17 +167,42 @@ static TRANSACT_WRITE: Statement = Statement {
     generic: false,
 };
 
-static TRANSACT_READ: Statement = Statement {
+static VALUE_OF: Statement = Statement {
     sql: "SELECT value FROM sturdy.checkpoints
            WHERE workflow OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) $2",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-    // read-write so it takes a fresh snapshot and sees the `supply` that won
+    // read-write so it takes a fresh snapshot and sees a write that won
     writes: true,
     generic: false,
 };
 
+/// `step` = `value` of `workflow` under `token`, unless the step is
+/// recorded: the value written, `None` where another writer got there first
+/// (`transact`'s write of its effect's result).
+pub(crate) fn write_unless_there(
+    workflow: Name,
+    step: Name,
+    value: Jsonb,
+    token: i64,
+) -> Result<Option<Jsonb>> {
+    run_one(
+        &WRITE_UNLESS_THERE,
+        &[workflow.into(), step.into(), value.into(), token.into()],
+        first_value,
+    )
+}
+
+/// The value recorded for `step` of `workflow`, read with a fresh snapshot.
+pub(crate) fn value_of(workflow: Name, step: Name) -> Result<Option<Jsonb>> {
+    run_one(
+        &VALUE_OF,
+        &[workflow.into(), step.into()],
+        first_value::<Jsonb>,
+    )
+}
+
 /// The unfenced first-writer-wins write, for validated arguments: the value
-/// stored after the call. `supply` and the queue's `arrive` both end here.
+/// stored after the call. `supply` and `arrive` both end here.
 pub fn supply_value(workflow: Name, step: Name, value: Jsonb) -> Result<Jsonb> {
     run_one(
         &SUPPLY,
@@ -195,98 +212,6 @@ pub fn supply_value(workflow: Name, step: Name, value: Jsonb) -> Result<Jsonb> {
     .ok_or(Error::Internal {
         context: "supply",
         cause: "the upsert returned no row".into(),
-    })
-}
-
-/// Returns its row through the call (see `plan::run_as_set`).
-#[sql_function(
-    "sturdy.record(workflow text, step text, value jsonb, token bigint)
-     RETURNS TABLE (recorded jsonb, first boolean) VOLATILE PARALLEL UNSAFE ROWS 1",
-    comment = "Fenced first-writer-wins checkpoint: the value stored after the call and whether this call stored it. Raises SD001 when token is not the current claim."
-)]
-fn record(
-    call: &Args,
-    workflow: Option<Text>,
-    step: Option<Text>,
-    value: Option<Jsonb>,
-    token: Option<i64>,
-) -> Result<()> {
-    let workflow = args::name("workflow", workflow)?;
-    let step = args::name("step", step)?;
-    let value = args::required("value", value)?;
-    let token = args::required("token", token)?;
-    if let Some((recorded, first)) = record_here(workflow, step, value, token)? {
-        plan::begin_result(call);
-        return plan::append_row(call, &[Some(recorded), first.into_datum()]);
-    }
-    let rows = plan::run_as_set(
-        call,
-        &RECORD,
-        &[workflow.into(), step.into(), value.into(), token.into()],
-    )?;
-    if rows == 0 {
-        return Err(claim::fenced(workflow, token));
-    }
-    Ok(())
-}
-
-/// [`RECORD`] without the statement, where `access` can do both its parts
-/// as the statement does them: the claim row locked as `FOR UPDATE` locks it
-/// (the fence: `SD001` unless the token is the current one), then the step
-/// inserted, or the row there locked and kept (the statement's `DO UPDATE
-/// SET value = cp.value` wrote it again unchanged). The value stored and
-/// whether this call stored it; `None` with nothing written, the statement's
-/// turn.
-fn record_here(
-    workflow: Name,
-    step: Name,
-    value: Jsonb,
-    token: i64,
-) -> Result<Option<(pg_sys::Datum, bool)>> {
-    let (Some(w), Some(s), Some(v)) =
-        (workflow.into_datum(), step.into_datum(), value.into_datum())
-    else {
-        return Ok(None);
-    };
-    let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
-    let key = [(CP_WORKFLOW, w), (CP_STEP, s)];
-    let insert_only = [
-        (CP_VALUE, pg_sys::JSONBOID, Some(v)),
-        (CP_TOKEN, pg_sys::INT8OID, token.into_datum()),
-        (
-            CP_RECORDED_AT,
-            pg_sys::TIMESTAMPTZOID,
-            Some(pg_sys::Datum::from(clock)),
-        ),
-    ];
-    let u = access::Upsert {
-        key: &key,
-        set: &[],
-        insert_only: &insert_only,
-        fill: &[],
-        only_if: None,
-        increment: None,
-    };
-    // both tables checked before anything is locked or written
-    let Some(fence) = claim::Fence::open(false) else {
-        return Ok(None);
-    };
-    let Some(checkpoints) = CHECKPOINTS.opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE]) else {
-        return Ok(None);
-    };
-    if !checkpoints.can_insert(&u, true) {
-        return Ok(None);
-    }
-    let Some((_held, current)) = fence.lock(w)? else {
-        return Ok(None);
-    };
-    claim::check_token(workflow, token, current)?;
-    // (should it fall to the statement now, that finds the claim row held
-    // by us and does the rest)
-    Ok(match checkpoints.upsert_reading(&u, CP_VALUE)? {
-        Some((access::Upserted::Inserted, _)) => Some((v, true)),
-        Some((access::Upserted::Kept, Some(stored))) => Some((stored, false)),
-        _ => None,
     })
 }
 
@@ -311,72 +236,6 @@ fn load(call: &Args, workflow: Option<Text>) -> Result<()> {
     let workflow = args::name("workflow", workflow)?;
     plan::run_as_set(call, &LOAD, &[workflow.into()])?;
     Ok(())
-}
-
-#[sql_function(
-    "sturdy.transact(workflow text, token bigint, step text, effect regprocedure, arg jsonb DEFAULT NULL)
-     RETURNS jsonb VOLATILE PARALLEL UNSAFE",
-    comment = "Exactly-once in-database effect: fence, return the step if recorded, else call effect(arg) (jsonb -> jsonb, with the caller's rights and search_path) and record its result in this transaction. If supply lands the step meanwhile, the effect is rolled back and the supplied value returned."
-)]
-fn transact(
-    workflow: Option<Text>,
-    token: Option<i64>,
-    step: Option<Text>,
-    effect: Option<pg_sys::Oid>,
-    arg: Option<Jsonb>,
-) -> Result<Jsonb> {
-    let workflow = args::name("workflow", workflow)?;
-    let token = args::required("token", token)?;
-    let step = args::name("step", step)?;
-    let effect = args::required("effect", effect)?;
-    let mut effect = subxact::callable(effect, &[pg_sys::JSONBOID], Some(pg_sys::JSONBOID))
-        .map_err(|unfit| match unfit {
-            subxact::Unfit::Missing => Error::EffectSignature {
-                effect: format!("with OID {} (no such function)", effect.to_u32()),
-            },
-            subxact::Unfit::Shape(effect) => Error::EffectSignature { effect },
-            subxact::Unfit::NotPermitted(function) => Error::NotPermitted { function },
-        })?;
-
-    let (current, recorded) = run_one(&TRANSACT_FENCE, &[workflow.into(), step.into()], |t| {
-        if t.is_empty() {
-            return Ok((None, None));
-        }
-        Ok(t.first().get_two::<i64, Jsonb>()?)
-    })?;
-    claim::check_token(workflow, token, current)?;
-    if let Some(recorded) = recorded {
-        return Ok(recorded);
-    }
-
-    let written = subxact::subtransaction(|| {
-        let result = effect
-            .call(&[arg.map(|Jsonb(d)| d)])
-            .map(Jsonb)
-            .ok_or_else(|| Error::EffectReturnedNull {
-                effect: effect.name.clone(),
-            })?;
-        run_one(
-            &TRANSACT_WRITE,
-            &[workflow.into(), step.into(), result.into(), token.into()],
-            first_value,
-        )
-    })?;
-    if let Some(value) = written {
-        return Ok(value);
-    }
-    // The step was recorded while the effect ran, and the effect has been
-    // rolled back. The value that landed is the answer -- unless the rollback
-    // took it away, which means the effect wrote the step's row itself.
-    run_one(
-        &TRANSACT_READ,
-        &[workflow.into(), step.into()],
-        first_value::<Jsonb>,
-    )?
-    .ok_or_else(|| Error::EffectWroteStep {
-        effect: effect.name,
-        step: step.lossy(),
-    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -20,7 +20,7 @@
 //! `batch`) is one module with the same shape (protocol comment, statements,
 //! `#[sql_function]`s, tests) and names no other room's tables or columns;
 //! its tables are in `sql/<capability>.sql`. The calls that span several
-//! are in `pass`. `make lint` checks these rules (`scripts/rooms.py`).
+//! are in `compose`, built from the capabilities' operations. `make lint` checks these rules (`scripts/rooms.py`).
 //! `unsafe` is allowed only in the base rooms that talk to the server's C
 //! API.
 
@@ -54,8 +54,8 @@ pub mod subxact;
 mod batch;
 mod checkpoint;
 mod claim;
+mod compose;
 mod outbox;
-mod pass;
 mod queue;
 mod rescan;
 mod workflow;

@@ -344,6 +344,19 @@ pub fn run_generic<R>(
     })
 }
 
+/// Run `stmt` (through its kept generic plan where it is declared
+/// `generic`) and read its rows.
+pub fn run_rows<R>(
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+    read: impl FnOnce(Rows) -> Result<R>,
+) -> Result<R> {
+    if stmt.generic {
+        return run_generic(stmt, args, read);
+    }
+    run_one(stmt, args, |_| read(last_rows()))
+}
+
 /// Copy the rows of the statement just run (SPI_tuptable) into the result of
 /// the set-returning function `call` (after the rows already there, when
 /// called twice). The statement's leading columns are the declared result's;

@@ -2,10 +2,11 @@
 //! its statuses by compare-and-set, found when it stops moving, and swept
 //! away some time after it finished.
 //!
-//! `start` writes a `pending` instance and schedules its workflow on the
-//! queue in the caller's transaction, so the instance exists exactly when the
-//! change that started it does, and a worker will take it. Its workflow name
-//! is `process/id`: the name its claims, checkpoints and queue row use.
+//! `start` (composed in `compose`) writes a `pending` instance here and
+//! schedules its workflow on the queue in the caller's transaction, so the
+//! instance exists exactly when the change that started it does, and a
+//! worker will take it. Its workflow name is `process/id`: the name its
+//! claims, checkpoints and queue row use.
 //!
 //! Idempotency: a start with a key first reserves `(process, key)` with an
 //! insert on the key's primary key. Two starts racing on one key meet on that
@@ -20,13 +21,8 @@
 //! `cancelled`, which are never left. Every move is a compare-and-set on the
 //! current status (and, when given, the revision, which every move bumps), so
 //! of two racing moves one wins and the other is told so. `transition` and
-//! `finish` with a token are fenced exactly like `record`: the claim row is
-//! read `FOR UPDATE` and only the current token passes.
-//!
-//! `finish` ends a worker's pass in one call: fence, record the final step,
-//! move the instance, release the claim, and `done` the queue row under the
-//! receipt rule. A worker's whole pass is then two calls, `take(claim =>
-//! true)` and `finish`.
+//! `finish` with a token (in `compose`) are fenced exactly like `record`: the
+//! claim row is read `FOR UPDATE` and only the current token passes.
 //!
 //! `sweep` deletes in bounded batches (a `pg_cron` job calls it again and
 //! again): finished instances older than the cutoff with their checkpoints,
@@ -41,12 +37,10 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::{IntoDatum, pg_sys};
 
 use crate::args::{self, Name};
-use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, MAX_NAME_BYTES, Result};
 use crate::fmgr::Args;
 use crate::plan::{self, Statement, first_value, null, run_one};
-use crate::queue;
 
 /// How long an idempotency key keeps returning its first instance, in
 /// milliseconds (a duration with units when set: `'300ms'`, `'24h'`).
@@ -274,14 +268,14 @@ static SWEEP_KEYS: Statement = Statement {
     generic: true,
 };
 
-/// A new instance (with id `id` when a key reserved one), scheduled now.
+/// A new instance (with id `id` when a key reserved one), to be scheduled.
 fn create(
     process: Name,
     business_key: Name,
     variables: Jsonb,
     queue: Option<Name>,
     id: Option<i64>,
-) -> Result<i64> {
+) -> Result<Started> {
     let queue_arg = queue.map_or_else(null::<Text>, Into::into);
     let id_arg = id.map_or_else(null::<i64>, Into::into);
     let (id, workflow, queue) = run_one(
@@ -314,27 +308,31 @@ fn create(
         workflow.ok_or_else(missing)?,
         queue.ok_or_else(missing)?,
     );
-    queue::schedule_at(
-        args::name("workflow", Some(Text::from_bytes(&workflow)))?,
-        pgrx::datum::now(),
-        args::name("queue", Some(Text::from_bytes(&queue)))?,
-    )?;
-    Ok(id)
+    Ok(Started {
+        id,
+        created: Some((workflow, queue)),
+    })
 }
 
-#[sql_function(
-    "sturdy.start(process text, business_key text, variables jsonb DEFAULT '{}',
-                  idempotency_key text DEFAULT NULL, queue text DEFAULT NULL)
-     RETURNS bigint VOLATILE PARALLEL UNSAFE",
-    comment = "Start a pending instance of process for business_key and schedule its workflow (process/id) on queue (default: the process name), in this transaction. With an idempotency_key (per process), a start while the key lives (sturdy.idempotency_ttl) returns the first instance's id instead, also when two race."
-)]
-fn start(
+/// What a start did: the instance's id, and where it created the instance
+/// (not where an idempotency key returned an earlier one) the workflow and
+/// queue to schedule it on, as bytes (in a database whose encoding is not
+/// UTF-8 the names need not be).
+pub(crate) struct Started {
+    pub(crate) id: i64,
+    pub(crate) created: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// `start`'s instance, for its arguments as given (checked here): created
+/// pending, or the one a live idempotency key points to. The caller
+/// schedules a created one (`compose`'s `start`).
+pub(crate) fn start_instance(
     process: Option<Text>,
     business_key: Option<Text>,
     variables: Option<Jsonb>,
     idempotency_key: Option<Text>,
     queue: Option<Text>,
-) -> Result<i64> {
+) -> Result<Started> {
     let process = args::name("process", process)?;
     if process.lossy().len() > MAX_PROCESS_BYTES {
         return Err(Error::TooLong {
@@ -369,6 +367,7 @@ fn start(
             &[process.into(), key.into()],
             first_value::<i64>,
         )?
+        .map(|id| Started { id, created: None })
         .ok_or(Error::Internal {
             context: "start",
             cause: "an idempotency key neither reserved nor found".into(),
@@ -404,35 +403,23 @@ fn stuck(call: &Args, older_than: Option<Interval>) -> Result<()> {
     Ok(())
 }
 
-#[sql_function(
-    "sturdy.transition(id bigint, from_status text, to_status text, expected_revision bigint DEFAULT NULL,
-                       token bigint DEFAULT NULL, error text DEFAULT NULL)
-     RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "Move instance id from from_status to to_status (and from expected_revision, when given), adding one to its revision and keeping error as its last error when given. False when refused: another status or revision, a terminal status (never left), or no such instance. With a token, fenced like record: a stale token raises SD001."
-)]
-fn transition(
-    id: Option<i64>,
-    from_status: Option<Text>,
-    to_status: Option<Text>,
+/// The workflow name of instance `id`, as bytes; `None` for no such
+/// instance.
+pub(crate) fn workflow_of(id: i64) -> Result<Option<Vec<u8>>> {
+    run_one(&INSTANCE_WORKFLOW, &[id.into()], |t| {
+        Ok(first_value::<Text>(t)?.map(|w| w.bytes().to_vec()))
+    })
+}
+
+/// `transition`'s compare-and-set, its arguments checked: whether the
+/// instance moved.
+pub(crate) fn move_instance(
+    id: i64,
+    from_status: &'static str,
+    to_status: &'static str,
     expected_revision: Option<i64>,
-    token: Option<i64>,
     error: Option<Text>,
 ) -> Result<bool> {
-    let id = args::required("id", id)?;
-    let from_status = parse_status("from_status", from_status)?;
-    let to_status = parse_status("to_status", to_status)?;
-    if let Some(token) = token {
-        let Some(workflow) = run_one(&INSTANCE_WORKFLOW, &[id.into()], |t| {
-            Ok(first_value::<Text>(t)?.map(|w| w.bytes().to_vec()))
-        })?
-        else {
-            return Ok(false);
-        };
-        claim::fence_current(
-            args::name("workflow", Some(Text::from_bytes(&workflow)))?,
-            token,
-        )?;
-    }
     let revision = expected_revision.map_or_else(null::<i64>, Into::into);
     let error = error.map_or_else(null::<Text>, Into::into);
     Ok(run_one(

@@ -78,6 +78,7 @@ use floor::*;
 pub use schedule::schedule_at;
 use sql::*;
 use take::*;
+pub(crate) use take::{Claim, take};
 use wakeups::*;
 
 /// The queue's table, for `done` and a one-row `take` without a statement

@@ -55,36 +55,6 @@ pub static TAKE_ONE_RELEASED: Statement = Statement {
     generic: false,
 };
 
-pub static TAKE_ONE_CLAIM_RELEASED: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at, 0::bigint AS seq FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1
-                 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-                 AND visible_at OPERATOR(pg_catalog.>=) $4
-               ORDER BY visible_at
-               LIMIT 1
-               FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
-              RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid),
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
-              RETURNING held.workflow, held.token)
-          SELECT t.workflow, t.receipt, (SELECT token FROM claimed), d.visible_at, d.seq
-            FROM due d LEFT JOIN taken t ON true",
-    args: super::TAKE_ARGS,
-    writes: true,
-    generic: false,
-};
-
 pub static TAKE_MANY_RELEASED: Statement = Statement {
     sql: "WITH due AS MATERIALIZED (
               SELECT ctid, workflow, visible_at, 0::bigint AS seq FROM sturdy.queue
@@ -102,38 +72,6 @@ pub static TAKE_MANY_RELEASED: Statement = Statement {
               RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
-           ORDER BY d.visible_at, d.seq",
-    args: super::TAKE_ARGS,
-    writes: true,
-    generic: true,
-};
-
-pub static TAKE_MANY_CLAIM_RELEASED: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at, 0::bigint AS seq FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1
-                 AND visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-                 AND visible_at OPERATOR(pg_catalog.>=) $4
-               ORDER BY visible_at
-               LIMIT $3
-               FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid),
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
-              RETURNING held.workflow, held.token)
-          SELECT t.workflow, t.receipt, c.token, d.visible_at, d.seq, t.tid
-            FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
-            LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
            ORDER BY d.visible_at, d.seq",
     args: super::TAKE_ARGS,
     writes: true,

@@ -31,9 +31,8 @@ pub(super) static MARKED: Statement = Statement {
 };
 
 // `take`: lease the oldest ready rows; `leased_until` is the receipt.
-// With `claim`, every taken workflow is also claimed for the same lease in the
-// same statement, with the claim upsert of `claim.rs` (the token is NULL
-// where someone still holds the claim).
+// (With `claim`, each workflow leased is then claimed by `claim`'s own
+// operation, for the same lease: see `take_from`.)
 //
 // The chosen rows are updated through their `ctid`s (we hold their row
 // locks, so the tuple ids are stable for the statement): a TID scan whatever
@@ -82,12 +81,11 @@ pub(super) const TAKE_ARGS: &[pg_sys::Oid] = &[
     pg_sys::TIMESTAMPTZOID,
 ];
 
-// The four take statements: the candidate rows from the floor on (`due`),
+// The two take statements: the candidate rows from the floor on (`due`),
 // a `LIMIT`, the rows of `due` leased through their `ctid`s (`taken`: one
 // row by `= (SELECT ctid FROM due)`, an InitPlan; a batch by `= ANY
-// (ARRAY(SELECT ctid FROM due))`), with `claim` also claimed as `claim`
-// does (`claimed`), and every row of `due` returned with what `taken`
-// made of it.
+// (ARRAY(SELECT ctid FROM due))`), and every row of `due` returned with
+// what `taken` made of it (the token column NULL: see `take_from`).
 
 pub(super) static TAKE_ONE: Statement = Statement {
     sql: "WITH due AS MATERIALIZED (
@@ -112,37 +110,6 @@ pub(super) static TAKE_ONE: Statement = Statement {
     generic: false,
 };
 
-pub(super) static TAKE_ONE_CLAIM: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1
-                 AND visible_at OPERATOR(pg_catalog.<=) $6
-                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
-                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $6)
-               ORDER BY visible_at, seq
-               LIMIT 1
-               FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid),
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
-              RETURNING held.workflow, held.token)
-          SELECT t.workflow, t.receipt, (SELECT token FROM claimed), d.visible_at, d.seq
-            FROM due d LEFT JOIN taken t ON true",
-    args: TAKE_ARGS,
-    writes: true,
-    generic: false,
-};
-
 pub(super) static TAKE_MANY: Statement = Statement {
     sql: "WITH due AS MATERIALIZED (
               SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
@@ -161,39 +128,6 @@ pub(super) static TAKE_MANY: Statement = Statement {
               RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
-           ORDER BY d.visible_at, d.seq",
-    args: TAKE_ARGS,
-    writes: true,
-    generic: true,
-};
-
-pub(super) static TAKE_MANY_CLAIM: Statement = Statement {
-    sql: "WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $1
-                 AND visible_at OPERATOR(pg_catalog.<=) $6
-                 AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
-                 AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $6)
-               ORDER BY visible_at, seq
-               LIMIT $3
-               FOR UPDATE SKIP LOCKED),
-          taken AS (
-              UPDATE sturdy.queue AS q
-                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid),
-          claimed AS (
-              INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-              SELECT workflow, 1, receipt, NULL, pg_catalog.now() FROM taken
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
-              RETURNING held.workflow, held.token)
-          SELECT t.workflow, t.receipt, c.token, d.visible_at, d.seq, t.tid
-            FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
-            LEFT JOIN claimed c ON c.workflow OPERATOR(pg_catalog.=) t.workflow
            ORDER BY d.visible_at, d.seq",
     args: TAKE_ARGS,
     writes: true,

@@ -88,9 +88,15 @@ pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
     });
 }
 
+/// The claim a take with `claim` makes of each workflow it leased, for the
+/// lease (`claim`'s own operation, handed in by `compose`'s `take`): the
+/// new token, `None` where someone still holds the claim.
+pub(crate) type Claim = fn(Name, Interval) -> Result<Option<i64>>;
+
 /// A take statement: up to `max` rows from the place `from` on, due by
 /// `due`; run again while it returns rows it locked but could not lease (at
-/// most [`TAKE_ATTEMPTS`] runs).
+/// most [`TAKE_ATTEMPTS`] runs). With `claim`, each row leased is claimed
+/// before it is returned.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn take_from(
     call: &Args,
@@ -101,9 +107,9 @@ pub(super) fn take_from(
     from: Position,
     due: TimestampWithTimeZone,
     batch: bool,
+    claim: Option<Claim>,
 ) -> Result<Taken> {
-    let claim = std::ptr::eq(stmt, &TAKE_ONE_CLAIM);
-    if (claim || std::ptr::eq(stmt, &TAKE_ONE))
+    if std::ptr::eq(stmt, &TAKE_ONE)
         && let Some(taken) = lease_one(call, queue, lease, from, due, claim)?
     {
         return Ok(taken);
@@ -113,30 +119,53 @@ pub(super) fn take_from(
         rows: 0,
         oldest: None,
     };
+    // what a run tells besides its rows: the oldest place it locked, and
+    // whether it missed a row (locked but not leased)
+    let seen = |r: &plan::Rows| {
+        if batch {
+            lease_rows(queue, r);
+        }
+        let oldest = (0..r.len())
+            .filter_map(|i| Some((r.timestamptz(i, 4)?, r.get::<i64>(i, 5)?)))
+            .min();
+        let missed = (0..r.len()).any(|i| r.text_bytes(i, 1).is_none());
+        (oldest, missed)
+    };
     for _ in 0..TAKE_ATTEMPTS {
         let left = max - taken.rows as i64;
-        let (rows, (oldest, missed)) = plan::run_as_set_then(
-            call,
-            stmt,
-            &[
-                queue.into(),
-                lease.into(),
-                left.into(),
-                at.into(),
-                from.1.into(),
-                due.into(),
-            ],
-            |r| {
-                if batch {
-                    lease_rows(queue, &r);
+        let args = [
+            queue.into(),
+            lease.into(),
+            left.into(),
+            at.into(),
+            from.1.into(),
+            due.into(),
+        ];
+        let (rows, (oldest, missed)) = match claim {
+            None => plan::run_as_set_then(call, stmt, &args, |r| seen(&r))?,
+            Some(claim) => {
+                let (leased, seen) = plan::run_rows(stmt, &args, |r| {
+                    let leased: Vec<_> = (0..r.len())
+                        .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
+                        .collect();
+                    Ok((leased, seen(&r)))
+                })?;
+                plan::begin_result(call);
+                for (workflow, receipt) in &leased {
+                    let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
+                    let token = claim(workflow, lease)?;
+                    plan::append_row(
+                        call,
+                        &[
+                            workflow.into_datum(),
+                            Some(pg_sys::Datum::from(*receipt)),
+                            token.map(pg_sys::Datum::from),
+                        ],
+                    )?;
                 }
-                let oldest = (0..r.len())
-                    .filter_map(|i| Some((r.timestamptz(i, 4)?, r.get::<i64>(i, 5)?)))
-                    .min();
-                let missed = (0..r.len()).any(|i| r.text_bytes(i, 1).is_none());
-                (oldest, missed)
-            },
-        )?;
+                (leased.len(), seen)
+            }
+        };
         taken.rows += rows;
         taken.oldest = match (taken.oldest, oldest) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -149,17 +178,16 @@ pub(super) fn take_from(
     Ok(taken)
 }
 
-/// [`TAKE_ONE`]'s work without the statement (see `access`), or with
-/// `claim` [`TAKE_ONE_CLAIM`]'s, the claim by [`crate::claim::claim_for`]'s
-/// statement, where nothing the statement would do is skipped that way;
-/// `None` where the statement must run.
+/// [`TAKE_ONE`]'s work without the statement (see `access`), and with
+/// `claim` the row's workflow claimed, where nothing the statement would do
+/// is skipped that way; `None` where the statement must run.
 pub(super) fn lease_one(
     call: &Args,
     queue: Name,
     lease: Interval,
     from: Position,
     due: TimestampWithTimeZone,
-    claim: bool,
+    claim: Option<Claim>,
 ) -> Result<Option<Taken>> {
     let Some(q) = queue.into_datum() else {
         return Ok(None);
@@ -210,10 +238,9 @@ pub(super) fn lease_one(
         kept.seen = access::Invalidations::now();
         kept.live = true;
     });
-    let token = if claim {
-        crate::claim::claim_for(workflow, lease)?
-    } else {
-        None
+    let token = match claim {
+        Some(claim) => claim(workflow, lease)?,
+        None => None,
     };
     plan::append_row(
         call,
@@ -229,25 +256,17 @@ pub(super) fn lease_one(
     }))
 }
 
-/// Returns its rows through the call (see `plan::run_as_set`).
-#[sql_function(
-    "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
-                 max integer DEFAULT 1, claim boolean DEFAULT false)
-     RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10",
-    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease's end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies."
-)]
-pub(super) fn take(
+/// `take`, its arguments checked: leases up to `max` rows of `queue` for
+/// `lease` and returns them through `call`, each workflow claimed with
+/// `claim` where given (see `compose`'s `take`, the SQL function).
+pub(crate) fn take(
     call: &Args,
-    queue: Option<Text>,
-    lease: Option<Interval>,
-    max: Option<i32>,
-    claim: Option<bool>,
+    queue: Name,
+    lease: Interval,
+    max: i32,
+    claim: Option<Claim>,
 ) -> Result<()> {
-    let queue = args::name("queue", queue)?;
-    let lease = args::lease("lease", lease)?;
-    let max = args::positive("max", max)?;
-    let claim = args::required("claim", claim)?;
-    let stmt = statement_for(max, claim);
+    let stmt = statement_for(max);
     let batch = max > 1;
     if batch {
         LEASED.with(|l| *l.borrow_mut() = None);
@@ -262,7 +281,17 @@ pub(super) fn take(
         .zip(generation)
         .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
     let take = |left: usize, from: Position, due: TimestampWithTimeZone| {
-        take_from(call, stmt, queue, lease, left as i64, from, due, batch)
+        take_from(
+            call,
+            stmt,
+            queue,
+            lease,
+            left as i64,
+            from,
+            due,
+            batch,
+            claim,
+        )
     };
     let (floor, stood) = where_to_start(queue, shared, generation, start);
     let (mut taken, full) = scan(floor, max as usize, now, take)?;
@@ -294,18 +323,13 @@ pub(super) fn take(
     Ok(())
 }
 
-/// The statement a take of `max` rows runs, with `claim` or not, in this
-/// schema.
-fn statement_for(max: i32, claim: bool) -> &'static Statement {
-    match (max, claim, schema::current()) {
-        (1, false, true) => &TAKE_ONE,
-        (1, true, true) => &TAKE_ONE_CLAIM,
-        (_, false, true) => &TAKE_MANY,
-        (_, true, true) => &TAKE_MANY_CLAIM,
-        (1, false, false) => &schema::TAKE_ONE_RELEASED,
-        (1, true, false) => &schema::TAKE_ONE_CLAIM_RELEASED,
-        (_, false, false) => &schema::TAKE_MANY_RELEASED,
-        (_, true, false) => &schema::TAKE_MANY_CLAIM_RELEASED,
+/// The statement a take of `max` rows runs in this schema.
+fn statement_for(max: i32) -> &'static Statement {
+    match (max, schema::current()) {
+        (1, true) => &TAKE_ONE,
+        (_, true) => &TAKE_MANY,
+        (1, false) => &schema::TAKE_ONE_RELEASED,
+        (_, false) => &schema::TAKE_MANY_RELEASED,
     }
 }
 

@@ -1,8 +1,5 @@
-//! The calls that span capabilities, composed from their public operations:
-//! `finish` (the fence of `claim`, a step of `checkpoint`, the row of
-//! `queue` and the instance of `workflow`, in one call) and `arrive` (a
-//! value supplied and its workflow scheduled, in one transaction). Neither
-//! names another room's columns: each part is that room's own operation.
+//! `finish`: the fence of `claim`, a step of `checkpoint`, the row of
+//! `queue` and the instance of `workflow`, in one call.
 
 use pg_sturdy_macros::sql_function;
 use pgrx::datum::TimestampWithTimeZone;
@@ -277,26 +274,4 @@ fn finish_here(
     Ok(rows
         .remove(queue, workflow, receipt)?
         .map(|removed| (current, removed)))
-}
-
-/// A value's arrival and the workflow's wakeup, in one transaction: supply the
-/// step, then schedule the workflow now.
-#[sql_function(
-    "sturdy.arrive(workflow text, step text, value jsonb, queue text DEFAULT 'default')
-     RETURNS jsonb VOLATILE PARALLEL UNSAFE",
-    comment = "supply the step and schedule the workflow now, in one transaction: a value's arrival and the workflow's wakeup commit together. Returns the value stored."
-)]
-fn arrive(
-    workflow: Option<Text>,
-    step: Option<Text>,
-    value: Option<Jsonb>,
-    queue: Option<Text>,
-) -> Result<Jsonb> {
-    let workflow = args::name("workflow", workflow)?;
-    let step = args::name("step", step)?;
-    let value = args::required("value", value)?;
-    let queue = args::name("queue", queue)?;
-    let stored = checkpoint::supply_value(workflow, step, value)?;
-    queue::schedule_at(workflow, pgrx::datum::now(), queue)?;
-    Ok(stored)
 }

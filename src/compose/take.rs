@@ -1,0 +1,34 @@
+//! `take`: the queue's lease, and with `claim` the claim of each workflow
+//! leased, for the same lease.
+
+use pg_sturdy_macros::sql_function;
+use pgrx::datum::Interval;
+
+use crate::args;
+use crate::claim;
+use crate::datum::Text;
+use crate::error::Result;
+use crate::fmgr::Args;
+use crate::queue;
+
+/// Returns its rows through the call (see `plan::run_as_set`).
+#[sql_function(
+    "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
+                 max integer DEFAULT 1, claim boolean DEFAULT false)
+     RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10",
+    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease's end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies."
+)]
+fn take(
+    call: &Args,
+    queue: Option<Text>,
+    lease: Option<Interval>,
+    max: Option<i32>,
+    claim: Option<bool>,
+) -> Result<()> {
+    let queue = args::name("queue", queue)?;
+    let lease = args::lease("lease", lease)?;
+    let max = args::positive("max", max)?;
+    let claim = args::required("claim", claim)?;
+    let claim: Option<queue::Claim> = claim.then_some(claim::claim_for);
+    queue::take(call, queue, lease, max, claim)
+}
