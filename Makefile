@@ -13,7 +13,9 @@ PGRX_PGDATA ?= /tmp/pg_sturdy_pgrx
 VERSIONS    ?= 15 18
 export PG_CONFIG
 export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
-CARGO_FEATURES = --no-default-features --features pg$(PG_MAJOR)
+# AB_FEATURES: a variant built for an A/B only (see docs/fastpath.md)
+AB_FEATURES ?=
+CARGO_FEATURES = --no-default-features --features "pg$(PG_MAJOR) $(AB_FEATURES)"
 
 .PHONY: demo test bench bench-outbox bench-batch soak instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean
 

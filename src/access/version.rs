@@ -289,6 +289,12 @@ pub(super) unsafe fn index_entries(
     changed: Option<&[pg_sys::AttrNumber]>,
     pkey: pg_sys::Relation,
 ) -> bool {
+    #[cfg(all(feature = "executor_index_entries", feature = "pg15"))]
+    if true {
+        let _ = pkey;
+        // SAFETY: as this function's contract.
+        return unsafe { index_entries_by_executor(rel, shape, slot, changed) };
+    }
     // SAFETY: within the contract above: `rel` is open for writing and `slot` holds a
     // version of its row just written by this transaction; the shape is the table's as of
     // now.
@@ -336,6 +342,54 @@ pub(super) unsafe fn index_entries(
             }
         }
         unique
+    }
+}
+
+/// [`index_entries`] through `ExecInsertIndexTuples`, with the executor
+/// state it needs (an `EState`, a `ResultRelInfo` and its opened indexes)
+/// made and freed around it: built only for the A/B of the two, on
+/// PostgreSQL 15 (`make instructions AB_FEATURES=executor_index_entries`;
+/// the figures and the decision are in docs/fastpath.md).
+///
+/// # Safety
+/// As [`index_entries`].
+#[cfg(all(feature = "executor_index_entries", feature = "pg15"))]
+pub(super) unsafe fn index_entries_by_executor(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    slot: *mut pg_sys::TupleTableSlot,
+    changed: Option<&[pg_sys::AttrNumber]>,
+) -> bool {
+    // SAFETY: within the contract above; everything made here lives in the
+    // executor state's memory, freed with it before this returns.
+    unsafe {
+        let estate = pg_sys::CreateExecutorState();
+        let caller = pg_sys::CurrentMemoryContext;
+        pg_sys::CurrentMemoryContext = (*estate).es_query_cxt;
+        let info: *mut pg_sys::ResultRelInfo =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast();
+        pg_sys::InitResultRelInfo(info, rel, 0, std::ptr::null_mut(), 0);
+        let speculative = changed.is_none();
+        pg_sys::ExecOpenIndices(info, speculative);
+        let arbiters = if speculative {
+            pg_sys::lappend_oid(std::ptr::null_mut(), shape.pkey)
+        } else {
+            std::ptr::null_mut()
+        };
+        let mut conflict = false;
+        pg_sys::ExecInsertIndexTuples(
+            info,
+            slot,
+            estate,
+            !speculative,
+            speculative,
+            &mut conflict,
+            arbiters,
+        );
+        pg_sys::ExecCloseIndices(info);
+        pg_sys::CurrentMemoryContext = caller;
+        pg_sys::FreeExecutorState(estate);
+        !conflict
     }
 }
 
