@@ -42,6 +42,8 @@ back).
   scripts/instructions.py      (via `make instructions`; PG=18 for the other version)
   INSTR_CASES=3,7              (only these calls, 1-based as listed in CASES, for an A/B of one
                                change; keep the calls a case works on: done needs schedule's rows)
+  INSTR_STATEMENTS=1           (every pg_sturdy call through its statement: each table the fast path
+                               serves gets an expression index, which it refuses)
 """
 import os
 import re
@@ -244,6 +246,13 @@ BEFORE = [
 ]
 
 
+# INSTR_STATEMENTS: an index the fast path refuses (an expression) on each
+# table it serves, so every call runs its statement.
+STATEMENTS_ONLY = "; ".join(
+    f"CREATE INDEX IF NOT EXISTS {t}_refused ON sturdy.{t} ((workflow OPERATOR(pg_catalog.||) 'x'))"
+    for t in ("queue", "claims", "checkpoints"))
+
+
 def single_user(statements, valgrind=()):
     return as_pg([*valgrind, os.path.join(BINDIR, "postgres"), "--single", "-D", os.path.join(DIR, "cluster", "data"),
                   "-c", "fsync=off", "-c", "synchronous_commit=off", "postgres"],
@@ -290,6 +299,10 @@ def main():
         subprocess.run([os.path.join(BINDIR, "psql"), "-h", cluster, "-p", PORT, "-U", "postgres", "-X", "-q",
                         "-v", "ON_ERROR_STOP=1", "-f", os.path.join(ROOT, "bench", "setup.sql"), "postgres"],
                        check=True, capture_output=True)
+        if os.environ.get("INSTR_STATEMENTS"):
+            subprocess.run([os.path.join(BINDIR, "psql"), "-h", cluster, "-p", PORT, "-U", "postgres", "-X", "-q",
+                            "-v", "ON_ERROR_STOP=1", "-c", STATEMENTS_ONLY, "postgres"],
+                           check=True, capture_output=True)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", cluster], check=True)
     os.makedirs(DIR, exist_ok=True)
