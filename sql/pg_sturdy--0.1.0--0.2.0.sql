@@ -54,8 +54,6 @@ SELECT queue,
                 FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
   FROM sturdy.queue
  GROUP BY queue;
-COMMENT ON FUNCTION sturdy.take(queue text, lease interval, max integer, claim boolean) IS
-    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies.';
 -- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
 -- which now read and bump these: they get them as grant_usage gives them.
 DO $$
@@ -83,6 +81,35 @@ CREATE FUNCTION sturdy.done_many(workflows text[], receipts timestamptz[], queue
     AS 'MODULE_PATHNAME', 'sturdy_done_many';
 COMMENT ON FUNCTION sturdy.done_many(workflows text[], receipts timestamptz[], queue text) IS
     'done for a batch in one statement: removes each workflow whose receipt (same position) still matches, and returns how many were removed. NULL elements match nothing.';
+
+-- take gains `wake` (src/compose/take.rs): a worker that polls because it
+-- cannot LISTEN asks for no NOTIFY. A function's arguments cannot be added
+-- in place, so take is made again, and every role that could execute it is
+-- granted it again (carried in a setting local to this transaction).
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('pg_sturdy_update.take_grantees', pg_catalog.string_agg(r.rolname, ' '), true)
+       FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles r
+      WHERE p.oid = 'sturdy.take(text, interval, integer, boolean)'::pg_catalog.regprocedure
+        AND a.privilege_type = 'EXECUTE' AND a.grantee = r.oid AND a.grantee <> p.proowner;
+END $$;
+DROP FUNCTION sturdy.take(text, interval, integer, boolean);
+CREATE FUNCTION sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute', max integer DEFAULT 1, claim boolean DEFAULT false, wake boolean DEFAULT true) RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_take';
+COMMENT ON FUNCTION sturdy.take(queue text, lease interval, max integer, claim boolean, wake boolean) IS
+    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing.';
+REVOKE ALL ON FUNCTION sturdy.take(text, interval, integer, boolean, boolean) FROM PUBLIC;
+DO $$
+DECLARE
+    role text;
+BEGIN
+    FOREACH role IN ARRAY pg_catalog.string_to_array(
+            pg_catalog.current_setting('pg_sturdy_update.take_grantees', true), ' ') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION sturdy.take(text, interval, integer, boolean, boolean) TO %I',
+                                  role);
+    END LOOP;
+END $$;
 
 -- src/workflow.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE

@@ -34,16 +34,29 @@ use crate::error::{Error, Result};
 pub struct Args(pg_sys::FunctionCallInfo);
 
 impl Args {
-    /// Argument `i`, `None` when SQL NULL. `#[sql_function]` pairs each
-    /// position with the Rust type that reads the declared SQL type.
+    /// Argument `i`, `None` when SQL NULL or not passed (see
+    /// [`Args::given`]). `#[sql_function]` pairs each position with the Rust
+    /// type that reads the declared SQL type.
     pub fn get<T: FromDatum>(&self, i: usize) -> Option<T> {
-        // SAFETY: `call` made `Args` from the live call; the macro checked at
-        // compile time that argument `i` exists and has a type `T` reads.
+        if !self.given(i) {
+            return None;
+        }
+        // SAFETY: `call` made `Args` from the live call; argument `i` exists
+        // (above), and the macro checked at compile time that its declared
+        // type is one `T` reads.
         unsafe {
             let f = &*self.0;
             let arg = f.args.as_slice(f.nargs as usize)[i];
             T::from_polymorphic_datum(arg.value, arg.isnull, pg_sys::InvalidOid)
         }
+    }
+
+    /// Whether the call passed argument `i`: a function of an older
+    /// catalog, declared with fewer arguments, calls this library without
+    /// the ones added since (served until `ALTER EXTENSION UPDATE`).
+    pub fn given(&self, i: usize) -> bool {
+        // SAFETY: `call` made `Args` from the live call.
+        i < usize::try_from(unsafe { (*self.0).nargs }).unwrap_or(0)
     }
 
     /// The call itself, for set-returning functions that fill a tuplestore.

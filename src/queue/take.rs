@@ -258,13 +258,15 @@ pub(super) fn lease_one(
 
 /// `take`, its arguments checked: leases up to `max` rows of `queue` for
 /// `lease` and returns them through `call`, each workflow claimed with
-/// `claim` where given (see `compose`'s `take`, the SQL function).
+/// `claim` where given (see `compose`'s `take`, the SQL function). Finding
+/// nothing, it marks the queue as waited on when `wake` asks for it.
 pub(crate) fn take(
     call: &Args,
     queue: Name,
     lease: Interval,
     max: i32,
     claim: Option<Claim>,
+    wake: bool,
 ) -> Result<()> {
     let stmt = statement_for(max);
     let batch = max > 1;
@@ -316,7 +318,7 @@ pub(crate) fn take(
         take,
     )?;
     publish_floor(queue, shared);
-    if taken.rows == 0 {
+    if taken.rows == 0 && wake {
         run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
         idle::bump();
     }

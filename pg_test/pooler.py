@@ -1,0 +1,105 @@
+"""PgBouncer in transaction mode in front of the suites' server, for the
+tests of pg_sturdy behind a pooler (test_pooler.py, test_examples.py).
+
+Two pools of the one database: `pooled` (three server connections shared by
+every client) and `one_backend` (one: every client's transaction runs on the
+same backend, so whatever a backend keeps for itself is met by the next
+client). Clients connect over TCP on 127.0.0.1.
+
+  STURDY_POOLER_PORT   where PgBouncer listens (default 55460)
+"""
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import psycopg
+
+from sturdy import DB, SERVER
+
+PORT = int(os.environ.get("STURDY_POOLER_PORT", "55460"))
+POOLED, ONE_BACKEND = "pooled", "one_backend"
+
+
+def as_postgres(cmd, **kw):
+    if os.getuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    return subprocess.Popen(cmd, **kw)
+
+
+class Bouncer:
+    """A PgBouncer of its own, started by `start` and stopped by `stop`."""
+
+    def __init__(self):
+        self.binary = shutil.which("pgbouncer") or next(
+            (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None)
+        self.proc = None
+        self.dir = None
+
+    def start(self):
+        server = dict(kv.split("=", 1) for kv in SERVER.split())
+        self.dir = tempfile.mkdtemp(prefix="sturdy_pooler_")
+        target = f"host={server['host']} port={server['port']} dbname={DB}"
+        config = f"""[databases]
+{POOLED} = {target} pool_size=3
+{ONE_BACKEND} = {target} pool_size=1
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {PORT}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.dir}/users.txt
+pool_mode = transaction
+max_client_conn = 200
+default_pool_size = 3
+ignore_startup_parameters = extra_float_digits
+logfile = {self.dir}/pgbouncer.log
+"""
+        with open(os.path.join(self.dir, "pgbouncer.ini"), "w") as f:
+            f.write(config)
+        with open(os.path.join(self.dir, "users.txt"), "w") as f:
+            f.write('"postgres" ""\n')
+        if os.getuid() == 0:
+            subprocess.run(["chown", "-R", "postgres:", self.dir], check=True)
+        self.proc = as_postgres([self.binary, os.path.join(self.dir, "pgbouncer.ini")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited: {self.log()}")
+            try:
+                socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"pgbouncer did not listen on {PORT}: {self.log()}")
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "pgbouncer.log")) as f:
+                return f.read()[-3000:]
+        except OSError:
+            return "(no log)"
+
+    def dsn(self, pool=POOLED, user="postgres"):
+        return f"host=127.0.0.1 port={PORT} dbname={pool} user={user}"
+
+    def connect(self, pool=POOLED, user="postgres"):
+        """A client through the pooler, as psycopg must be configured there:
+        no protocol-level prepared statements (PgBouncer 1.18 does not carry
+        them from one server connection to the next)."""
+        return psycopg.connect(self.dsn(pool, user), autocommit=True, prepare_threshold=None)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            # as root the child is runuser: end pgbouncer itself
+            subprocess.run(["pkill", "-INT", "-f", f"pgbouncer {self.dir}/pgbouncer.ini"], check=False)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
