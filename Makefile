@@ -72,10 +72,12 @@ bench: install
 	scripts/bench.py
 	scripts/bench_outbox.py
 	scripts/bench_batch.py
+	scripts/bench_latency.py
 
 # Only the batch's cost curve on a 1,000,000-row backlog.
 bench-batch: install
 	scripts/bench_batch.py
+	scripts/bench_latency.py
 
 # Only the outbox's per-delivery comparison.
 bench-outbox: install
