@@ -1405,6 +1405,44 @@ fn an_empty_take_marks_a_waiter_and_a_ready_schedule_clears_it() {
     assert_eq!(marked("idle2"), Some(false));
 }
 
+/// A poller's empty take (`wake => false`) marks nothing, one row or a
+/// batch, and a schedule after it clears nothing; NULL `wake` is refused
+/// with 22004 before anything is taken.
+#[pg_test]
+fn an_empty_take_with_wake_false_marks_nothing() {
+    let marked = || {
+        one::<bool>("SELECT EXISTS (SELECT FROM sturdy.queue_waiters WHERE queue = 'polled')")
+    };
+    for max in [1, 5] {
+        assert_eq!(
+            one::<i64>(&format!(
+                "SELECT count(*) FROM sturdy.take('polled', max => {max}, wake => false)"
+            )),
+            Some(0)
+        );
+        assert_eq!(marked(), Some(false), "max {max}");
+    }
+    Spi::run("SELECT sturdy.schedule('p1', now(), 'polled')").unwrap();
+    assert_eq!(
+        sqlstate_of("SELECT * FROM sturdy.take('polled', wake => NULL)"),
+        "22004"
+    );
+    assert_eq!(
+        one::<bool>("SELECT leased_until IS NULL FROM sturdy.queue WHERE queue = 'polled'"),
+        Some(true),
+        "the refused take leased nothing"
+    );
+    assert_eq!(
+        one::<String>("SELECT workflow FROM sturdy.take('polled', wake => false)").as_deref(),
+        Some("p1")
+    );
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('polled')"),
+        Some(0)
+    );
+    assert_eq!(marked(), Some(true), "the default still marks");
+}
+
 /// A row taken 2,147,483,647 times cannot be taken again: its `takes + 1`
 /// raises 22003 as the statement's would, the lease not written, with or
 /// without a statement (a trigger sends the take to its statement).
