@@ -35,11 +35,13 @@ SELECT sturdy.transition(1, 'pending', 'running');
 SELECT sturdy.batch_start('move', 'public.backlog', 'moved = true', 'NOT moved', chunk => 1000);
 SELECT * FROM sturdy.batch_tick('move');
 SELECT * FROM sturdy.batch('public.backlog', 'moved = true', 'NOT moved', chunk => 500);
+SELECT sturdy.limit_queue('dump-q', running => 2, per_second => 50, burst => 5);
+SELECT sturdy.pause('paused-q');
 """
 
 # every table the extension keeps, and the unlogged hints it does not
 KEPT = ["claims", "checkpoints", "queue", "subscriptions", "outbox", "deliveries", "instances",
-        "idempotency_keys", "batches"]
+        "idempotency_keys", "batches", "queue_limits", "queue_places"]
 
 
 def run(*cmd):
@@ -121,6 +123,15 @@ def test_the_extension_works_claim_pump_tick(dumped):
     seen, delivered, _, _ = c.execute("SELECT * FROM sturdy.pump(100)").fetchone()
     ticked = c.execute("SELECT done FROM sturdy.batch_tick('move')").fetchone()[0]
     assert token == 1 and delivered >= 2 and ticked > 0, f"token {token}, pump {seen}/{delivered}, tick {ticked}"
+
+
+def test_the_limits_hold_after_the_restore(dumped):
+    c = dumped["target"]
+    c.execute("SELECT sturdy.schedule('job-' || i, now() - interval '1 minute', 'dump-q') FROM generate_series(1, 10) i")
+    c.execute("SELECT sturdy.schedule('p-1', now() - interval '1 minute', 'paused-q')")
+    got = c.execute("SELECT count(*) FROM sturdy.take('dump-q', max => 10)").fetchone()[0]
+    paused = c.execute("SELECT count(*) FROM sturdy.take('paused-q')").fetchone()[0]
+    assert (got, paused) == (2, 0), f"running 2 handed out {got}; the paused queue {paused}"
 
 
 def test_unlogged_wakeup_hints_are_not_restored(dumped):

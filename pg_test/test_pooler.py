@@ -131,6 +131,12 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     c.execute("CALL sturdy.batch_all('pooled_app.rows', 'state = $1', 'state = $2', ARRAY['all', 'new'], 10)")
     calls.append("batch_all")
     assert one("SELECT string_agg(DISTINCT state, ',' ORDER BY state) FROM pooled_app.rows") == ("all,ticked",)
+    call("limit_queue", "SELECT sturdy.limit_queue('pooled-lim', running => 1)")
+    call("schedule", "SELECT sturdy.schedule('pl-' || i, now(), 'pooled-lim') FROM generate_series(1, 3) i")
+    assert one("SELECT count(*) FROM sturdy.take('pooled-lim', max => 3)") == (1,)
+    assert call("pause", "SELECT sturdy.pause('pooled-lim')") == (True,)
+    assert call("resume", "SELECT sturdy.resume('pooled-lim')") == (True,)
+    call("limit_queue", "SELECT sturdy.limit_queue('pooled-lim')")
     call("grant_usage", "SELECT sturdy.grant_usage('sturdy_pooled_user')")
     for view in ("queue_stats", "outbox_stats", "batch_jobs", "health"):
         one(f"SELECT count(*) FROM sturdy.{view}")

@@ -145,6 +145,13 @@ def test_old_and_new_functions_work_after_the_update(fresh, updated):
         "a row leased before the update was taken again"
     assert c.execute("SELECT sturdy.done(workflow, receipt, 'up-q2') FROM public.up_receipt").fetchone()[0], \
         "done with a receipt from before the update"
+    # flow control, new in this version, on an updated schema
+    c.execute("SELECT sturdy.schedule('lim-' || i, now() - interval '1 minute', 'up-lim') FROM generate_series(1, 3) i")
+    c.execute("SELECT sturdy.limit_queue('up-lim', running => 1)")
+    assert c.execute("SELECT count(*) FROM sturdy.take('up-lim', max => 3)").fetchone()[0] == 1, \
+        "the running limit after the update"
+    assert c.execute("SELECT sturdy.pause('up-lim')").fetchone()[0]
+    assert c.execute("SELECT paused FROM sturdy.queue_stats WHERE queue = 'up-lim'").fetchone()[0]
 
 
 @pytest.mark.parametrize("version", RELEASED)

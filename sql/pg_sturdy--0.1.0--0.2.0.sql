@@ -45,17 +45,84 @@ COMMENT ON COLUMN sturdy.queue.taken_at IS
     'When take last leased it; NULL once schedule, arrive or wake_at moved it since.';
 COMMENT ON COLUMN sturdy.queue.leased_until IS
     'The lease''s end while a taker holds it: take hands it out again only after this. It is the receipt done and wake_at must match; schedule, arrive and wake_at clear it.';
+-- Flow control (src/queue/limits.rs): a queue's limits, set by limit_queue,
+-- pause and resume; a queue without a row here has none, and its takes never
+-- read this table (a backend keeps what it read until the table's next
+-- relcache invalidation, which those three functions send). tokens and
+-- refilled_at are the rate limit's bucket, written by the takes.
+CREATE TABLE sturdy.queue_limits (
+    queue       text        COLLATE "C" PRIMARY KEY,
+    paused      boolean     NOT NULL DEFAULT false,
+    running     integer     CHECK (running > 0),
+    per_second  float8      CHECK (per_second > 0 AND per_second < 'infinity'),
+    burst       integer     CHECK (burst > 0),
+    tokens      float8,
+    refilled_at timestamptz,
+    CHECK ((per_second IS NULL) = (burst IS NULL))
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_limits', '');
+COMMENT ON TABLE sturdy.queue_limits IS
+    'Flow control per queue, set by limit_queue, pause and resume: take hands out at most what these leave.';
+COMMENT ON COLUMN sturdy.queue_limits.queue IS 'The queue.';
+COMMENT ON COLUMN sturdy.queue_limits.paused IS 'A paused queue hands out nothing; schedules, wakeups and done go on.';
+COMMENT ON COLUMN sturdy.queue_limits.running IS 'At most this many of the queue''s passes at once (its places in queue_places); NULL: no limit.';
+COMMENT ON COLUMN sturdy.queue_limits.per_second IS 'Takes a second on average (the bucket''s refill); NULL: no rate limit.';
+COMMENT ON COLUMN sturdy.queue_limits.burst IS 'At most this many takes at once (the bucket''s size).';
+COMMENT ON COLUMN sturdy.queue_limits.tokens IS 'What is in the bucket as of refilled_at: rows take may hand out.';
+COMMENT ON COLUMN sturdy.queue_limits.refilled_at IS 'When the bucket was last refilled (a take''s now()).';
+
+-- The running limit's places: one row per place; a pass holds one from its
+-- take (workflow, receipt) until its done, finish or wake_at, or until its
+-- lease (the receipt) runs out. Takers lock free places FOR UPDATE SKIP
+-- LOCKED, so no two take one and none hands out more rows than it locked.
+CREATE TABLE sturdy.queue_places (
+    queue    text        COLLATE "C" NOT NULL,
+    place    integer     NOT NULL CHECK (place > 0),
+    workflow text        COLLATE "C",
+    receipt  timestamptz,
+    PRIMARY KEY (queue, place)
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_places', '');
+COMMENT ON TABLE sturdy.queue_places IS
+    'The running limit''s places: held by a pass from its take until done, finish or wake_at, or until its receipt passes.';
+COMMENT ON COLUMN sturdy.queue_places.queue IS 'The limited queue.';
+COMMENT ON COLUMN sturdy.queue_places.place IS 'The place, 1 to the queue''s running limit.';
+COMMENT ON COLUMN sturdy.queue_places.workflow IS 'The workflow whose pass holds it; NULL when free.';
+COMMENT ON COLUMN sturdy.queue_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
+
 CREATE OR REPLACE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
-SELECT queue,
-       count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
-       count(*) FILTER (WHERE leased_until > now())                                                     AS leased,
-       count(*) FILTER (WHERE visible_at > now())                                                       AS sleeping,
-       now() - min(GREATEST(visible_at, leased_until))
-                FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
-  FROM sturdy.queue
- GROUP BY queue;
+SELECT s.*,
+       COALESCE(l.paused, false) AS paused, l.running, l.per_second, l.burst,
+       CASE WHEN l.queue IS NULL THEN 0::bigint
+            WHEN l.paused THEN s.ready
+            ELSE GREATEST(0::bigint,
+                          s.ready - LEAST(
+                              COALESCE(l.running::bigint
+                                       - (SELECT pg_catalog.count(*) FROM sturdy.queue_places p
+                                           WHERE p.queue OPERATOR(pg_catalog.=) s.queue
+                                             AND p.receipt OPERATOR(pg_catalog.>) pg_catalog.now()),
+                                       s.ready),
+                              COALESCE(pg_catalog.floor(LEAST(l.burst::float8,
+                                           COALESCE(l.tokens, l.burst::float8)
+                                           OPERATOR(pg_catalog.+) (pg_catalog.date_part('epoch',
+                                               pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(l.refilled_at, pg_catalog.now()))
+                                           OPERATOR(pg_catalog.*) l.per_second)))::bigint,
+                                       s.ready)))
+       END AS held_back
+  FROM (SELECT queue,
+               count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
+               count(*) FILTER (WHERE leased_until > now())                                                     AS leased,
+               count(*) FILTER (WHERE visible_at > now())                                                       AS sleeping,
+               now() - min(GREATEST(visible_at, leased_until))
+                        FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
+          FROM sturdy.queue
+         GROUP BY queue) s
+  LEFT JOIN sturdy.queue_limits l ON l.queue OPERATOR(pg_catalog.=) s.queue;
+COMMENT ON VIEW sturdy.queue_stats IS
+    'Per queue: rows ready now, leased by a taker, sleeping until a deadline, how long the oldest ready row has waited; its limits (limit_queue, pause), and how many ready rows a limit holds back right now.';
 -- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
--- which now read and bump these: they get them as grant_usage gives them.
+-- which now read and bump these sequences and read the queue's limits: they
+-- get them as grant_usage gives them.
 DO $$
 DECLARE
     role name;
@@ -67,6 +134,9 @@ BEGIN
            AND a.grantee <> n.nspowner
     LOOP
         EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle, sturdy.queue_seq TO %I',
+                                  role);
+        -- every take reads the queue's limits, a limited one writes them
+        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON sturdy.queue_limits, sturdy.queue_places TO %I',
                                   role);
     END LOOP;
 END $$;
@@ -110,6 +180,23 @@ BEGIN
                                   role);
     END LOOP;
 END $$;
+
+-- Flow control (src/queue/limits.rs).
+CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL, per_second float8 DEFAULT NULL, burst integer DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_limit_queue';
+COMMENT ON FUNCTION sturdy.limit_queue(queue text, running integer, per_key integer, per_second float8, burst integer) IS
+    'Set the queue''s limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second''s worth). A take over a limit hands out fewer rows, never an error. per_key is not yet available (0A000).';
+CREATE FUNCTION sturdy.pause(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_pause';
+COMMENT ON FUNCTION sturdy.pause(queue text) IS
+    'Pause the queue: take hands out nothing from it until resume; schedules, wakeups and done go on. False when it was paused already.';
+CREATE FUNCTION sturdy.resume(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_resume';
+COMMENT ON FUNCTION sturdy.resume(queue text) IS
+    'Resume a paused queue, and wake its listening workers at commit. False when it was not paused.';
 
 -- src/workflow.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE

@@ -85,6 +85,17 @@ pub struct Table {
     columns: &'static [&'static CStr],
 }
 
+/// What [`Table::mark`] answers; `Mark(0)` is never equal to a kept one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Mark(u64);
+
+impl Mark {
+    /// Whether a cache kept under this mark may be used again.
+    pub fn keepable(self) -> bool {
+        self.0 != 0
+    }
+}
+
 /// A column of a [`Table`], by its position in the table's `columns`.
 #[derive(Clone, Copy)]
 pub struct Col(pub usize);
@@ -93,6 +104,8 @@ pub struct Col(pub usize);
 #[derive(Clone)]
 struct Known {
     relid: pg_sys::Oid,
+    /// Which finding this is: a new one is made after each invalidation.
+    found: u64,
     /// `None`: the table cannot be served here (see the module comment); the
     /// caller runs its statement. Shared: every call takes a copy of what is
     /// known, twice.
@@ -109,6 +122,8 @@ thread_local! {
     /// never kept.
     static READING: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static DISTURBED: Cell<bool> = const { Cell::new(false) };
+    /// How many findings this backend made (`Known::found`).
+    static FOUND: Cell<u64> = const { Cell::new(0) };
     /// Calls served here, for the tests to see which way a call went.
     #[cfg(any(test, feature = "pg_test"))]
     static SERVED: Cell<u64> = const { Cell::new(0) };
@@ -325,7 +340,15 @@ impl Table {
             DISTURBED.with(|d| d.set(false));
             let shape = shape(relid, self.columns).map(Rc::new);
             READING.with(|r| r.set(pg_sys::InvalidOid));
-            Known { relid, shape }
+            let found = FOUND.with(|f| {
+                f.set(f.get() + 1);
+                f.get()
+            });
+            Known {
+                relid,
+                found,
+                shape,
+            }
         };
         if !DISTURBED.with(Cell::get) {
             KNOWN.with(|k| k.borrow_mut().push((me, known.clone())));
@@ -334,8 +357,35 @@ impl Table {
             // read across an invalidation: this call goes the statement's way
             Some(Known {
                 relid: known.relid,
+                found: known.found,
                 shape: None,
             })
+        }
+    }
+
+    /// A mark that stays the same while no relcache invalidation of the
+    /// table (or of every table) reaches this backend: what a cache of the
+    /// table's rows is kept under, where whoever changes them sends one
+    /// ([`Table::invalidate`]). `None` when the table does not exist.
+    pub fn mark(&'static self) -> Option<Mark> {
+        let known = self.known()?;
+        // a finding read across an invalidation is never kept: no mark
+        let kept = KNOWN.with(|k| {
+            k.borrow()
+                .iter()
+                .any(|(t, kn)| std::ptr::eq(*t, self) && kn.found == known.found)
+        });
+        Some(Mark(if kept { known.found } else { 0 }))
+    }
+
+    /// Send a relcache invalidation of the table with this transaction: at
+    /// its commit every backend, and at its next command this one, drops
+    /// what it keeps under the table's [`Mark`].
+    pub fn invalidate(&'static self) {
+        if let Some(known) = self.known() {
+            // SAFETY: inside a transaction (we are called from a statement);
+            // registers a message sent at commit, nothing more.
+            unsafe { pg_sys::CacheInvalidateRelcacheByRelid(known.relid) }
         }
     }
 
@@ -365,6 +415,7 @@ impl Table {
             let Known {
                 relid: again,
                 shape: Some(shape),
+                ..
             } = self.known()?
             else {
                 return None;

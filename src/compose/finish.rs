@@ -183,6 +183,7 @@ fn finish(
             finish_here(workflow, token, receipt, step.zip(value), queue)?
     {
         claim::check_token(workflow, token, current)?;
+        queue::ended(queue, workflow, receipt)?;
         return Ok(removed);
     }
     let statement = &FINISH[usize::from(to.is_some())][usize::from(step.is_some())];
@@ -214,6 +215,7 @@ fn finish(
             to: to.into(),
         });
     }
+    queue::ended(queue, workflow, receipt)?;
     Ok(removed.unwrap_or(false))
 }
 

@@ -44,6 +44,13 @@ pub(super) fn done(
     let workflow = args::name("workflow", workflow)?;
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
+    let removed = remove(workflow, receipt, queue)?;
+    limits::ended(queue, workflow, receipt)?;
+    Ok(removed)
+}
+
+/// `done`'s removal of the row.
+fn remove(workflow: Name, receipt: TimestampWithTimeZone, queue: Name) -> Result<bool> {
     // [`DONE`]'s work, without the statement, where nothing it would do is
     // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
@@ -137,6 +144,18 @@ pub(super) fn done_many(
     if pairs == 0 {
         return Ok(0);
     }
+    let removed = remove_many(workflows, receipts, queue, pairs)?;
+    limits::ended_many(queue, workflows, receipts)?;
+    Ok(removed)
+}
+
+/// `done_many`'s removal of the `pairs` rows.
+fn remove_many(
+    workflows: TextArray,
+    receipts: TimestampArray,
+    queue: Name,
+    pairs: i64,
+) -> Result<i64> {
     let leased = match leased_tids(workflows, receipts, queue) {
         Some((receipt, tids)) => {
             #[cfg(any(test, feature = "pg_test"))]

@@ -60,6 +60,7 @@ use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, 
 
 mod done;
 mod floor;
+mod limits;
 mod schedule;
 mod schema;
 mod sql;
@@ -75,6 +76,7 @@ mod tests {
 
 pub(crate) use done::Removal;
 use floor::*;
+pub(crate) use limits::ended;
 pub use schedule::schedule_at;
 use sql::*;
 use take::*;

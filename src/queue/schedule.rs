@@ -101,5 +101,7 @@ fn wake_at(
     if moved == Some(true) {
         wake(queue)?;
     }
+    // the pass ends here, whether or not its receipt still held the row
+    limits::ended(queue, workflow, receipt)?;
     Ok(moved.is_some())
 }

@@ -93,9 +93,40 @@ pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
 /// new token, `None` where someone still holds the claim.
 pub(crate) type Claim = fn(Name, Interval) -> Result<Option<i64>>;
 
+/// The rows a take handed out: each workflow and its receipt.
+pub(super) type Handed = Vec<(Vec<u8>, pg_sys::TimestampTz)>;
+
+/// What a take does with each row it leases, besides returning it.
+#[derive(Clone, Copy)]
+pub(super) struct Hand<'a> {
+    /// Claim its workflow for the lease (`take(claim => true)`).
+    pub(super) claim: Option<Claim>,
+    /// Keep its workflow and receipt (a limited queue's places and bucket,
+    /// `limits::close`).
+    pub(super) kept: Option<&'a RefCell<Handed>>,
+}
+
+impl Hand<'_> {
+    /// The token for `workflow`'s row, after doing what the hand asks.
+    fn each(
+        &self,
+        workflow: Name,
+        receipt: pg_sys::TimestampTz,
+        lease: Interval,
+    ) -> Result<Option<i64>> {
+        if let Some(kept) = self.kept {
+            kept.borrow_mut().push((workflow.bytes().to_vec(), receipt));
+        }
+        match self.claim {
+            Some(claim) => claim(workflow, lease),
+            None => Ok(None),
+        }
+    }
+}
+
 /// A take statement: up to `max` rows from the place `from` on, due by
 /// `due`; run again while it returns rows it locked but could not lease (at
-/// most [`TAKE_ATTEMPTS`] runs). With `claim`, each row leased is claimed
+/// most [`TAKE_ATTEMPTS`] runs). Each row leased is handed as `hand` asks
 /// before it is returned.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn take_from(
@@ -107,10 +138,10 @@ pub(super) fn take_from(
     from: Position,
     due: TimestampWithTimeZone,
     batch: bool,
-    claim: Option<Claim>,
+    hand: Hand<'_>,
 ) -> Result<Taken> {
     if std::ptr::eq(stmt, &TAKE_ONE)
-        && let Some(taken) = lease_one(call, queue, lease, from, due, claim)?
+        && let Some(taken) = lease_one(call, queue, lease, from, due, hand)?
     {
         return Ok(taken);
     }
@@ -141,9 +172,12 @@ pub(super) fn take_from(
             from.1.into(),
             due.into(),
         ];
-        let (rows, (oldest, missed)) = match claim {
-            None => plan::run_as_set_then(call, stmt, &args, |r| seen(&r))?,
-            Some(claim) => {
+        let (rows, (oldest, missed)) = match hand {
+            Hand {
+                claim: None,
+                kept: None,
+            } => plan::run_as_set_then(call, stmt, &args, |r| seen(&r))?,
+            hand => {
                 let (leased, seen) = plan::run_rows(stmt, &args, |r| {
                     let leased: Vec<_> = (0..r.len())
                         .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
@@ -153,7 +187,7 @@ pub(super) fn take_from(
                 plan::begin_result(call);
                 for (workflow, receipt) in &leased {
                     let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
-                    let token = claim(workflow, lease)?;
+                    let token = hand.each(workflow, *receipt, lease)?;
                     plan::append_row(
                         call,
                         &[
@@ -178,16 +212,16 @@ pub(super) fn take_from(
     Ok(taken)
 }
 
-/// [`TAKE_ONE`]'s work without the statement (see `access`), and with
-/// `claim` the row's workflow claimed, where nothing the statement would do
-/// is skipped that way; `None` where the statement must run.
+/// [`TAKE_ONE`]'s work without the statement (see `access`), the row then
+/// handed as `hand` asks, where nothing the statement would do is skipped
+/// that way; `None` where the statement must run.
 pub(super) fn lease_one(
     call: &Args,
     queue: Name,
     lease: Interval,
     from: Position,
     due: TimestampWithTimeZone,
-    claim: Option<Claim>,
+    hand: Hand<'_>,
 ) -> Result<Option<Taken>> {
     let Some(q) = queue.into_datum() else {
         return Ok(None);
@@ -238,10 +272,7 @@ pub(super) fn lease_one(
         kept.seen = access::Invalidations::now();
         kept.live = true;
     });
-    let token = match claim {
-        Some(claim) => claim(workflow, lease)?,
-        None => None,
-    };
+    let token = hand.each(workflow, until, lease)?;
     plan::append_row(
         call,
         &[
@@ -268,6 +299,23 @@ pub(crate) fn take(
     claim: Option<Claim>,
     wake: bool,
 ) -> Result<()> {
+    // flow control: what this queue's limits leave (a queue without any
+    // pays a lookup in an empty map)
+    let gate = match limits::of(queue)? {
+        Some(l) => Some(limits::open(queue, l, max as usize)?),
+        None => None,
+    };
+    let max = gate.as_ref().map_or(max, |g| g.allowed as i32);
+    if max == 0 {
+        // held back: the queue is not empty, so no idle mark
+        plan::begin_result(call);
+        return Ok(());
+    }
+    let kept = RefCell::new(Vec::new());
+    let hand = Hand {
+        claim,
+        kept: gate.as_ref().map(|_| &kept),
+    };
     let stmt = statement_for(max);
     let batch = max > 1;
     if batch {
@@ -292,7 +340,7 @@ pub(crate) fn take(
             from,
             due,
             batch,
-            claim,
+            hand,
         )
     };
     let (floor, stood) = where_to_start(queue, shared, generation, start);
@@ -318,6 +366,9 @@ pub(crate) fn take(
         take,
     )?;
     publish_floor(queue, shared);
+    if let Some(gate) = &gate {
+        limits::close(queue, gate, &kept.borrow())?;
+    }
     if taken.rows == 0 && wake {
         run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
         idle::bump();

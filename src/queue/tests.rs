@@ -1476,3 +1476,154 @@ fn a_take_past_the_largest_takes_raises_22003_and_leases_nothing() {
         Some("many")
     );
 }
+
+/// limit_queue, pause and resume refuse what they cannot use, with its
+/// SQLSTATE, and write nothing.
+#[pg_test]
+fn flow_control_refuses_bad_limits_and_writes_nothing() {
+    for (sql, state) in [
+        ("SELECT sturdy.limit_queue(NULL, 3)", "22004"),
+        ("SELECT sturdy.limit_queue('', 3)", "22023"),
+        ("SELECT sturdy.limit_queue('q', 0)", "22023"),
+        ("SELECT sturdy.limit_queue('q', -1)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => 0)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => -5)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => 'NaN')", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => 'Infinity')", "22023"),
+        ("SELECT sturdy.limit_queue('q', burst => 5)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => 10, burst => 0)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_key => 1)", "0A000"),
+        ("SELECT sturdy.pause(NULL)", "22004"),
+        ("SELECT sturdy.resume('')", "22023"),
+    ] {
+        assert_eq!(sqlstate_of(sql), state, "{sql}");
+    }
+    assert_eq!(count("sturdy.queue_limits"), 0);
+    assert_eq!(count("sturdy.queue_places"), 0);
+}
+
+/// A paused queue hands out nothing (and marks no waiter: it is not empty);
+/// schedules go on; resume hands out again. Each says whether it changed
+/// anything.
+#[pg_test]
+fn a_paused_queue_hands_out_nothing_until_resumed() {
+    Spi::run("SELECT sturdy.schedule('p1', now() - interval '1 second', 'paused')").unwrap();
+    assert_eq!(one::<bool>("SELECT sturdy.pause('paused')"), Some(true));
+    assert_eq!(one::<bool>("SELECT sturdy.pause('paused')"), Some(false));
+    Spi::run("SELECT sturdy.schedule('p2', now() - interval '1 second', 'paused')").unwrap();
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('paused', max => 5)"),
+        Some(0)
+    );
+    assert_eq!(
+        one::<bool>("SELECT EXISTS (SELECT FROM sturdy.queue_waiters WHERE queue = 'paused')"),
+        Some(false),
+        "a paused queue is not an empty one"
+    );
+    assert_eq!(
+        one::<String>(
+            "SELECT format('%s %s %s', paused, ready, held_back) FROM sturdy.queue_stats WHERE queue = 'paused'"
+        )
+        .as_deref(),
+        Some("t 2 2")
+    );
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('default')"),
+        Some(0),
+        "another queue is not paused"
+    );
+    assert_eq!(one::<bool>("SELECT sturdy.resume('paused')"), Some(true));
+    assert_eq!(one::<bool>("SELECT sturdy.resume('paused')"), Some(false));
+    assert_eq!(count("sturdy.queue_limits"), 0, "nothing left to keep");
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('paused', max => 5)"),
+        Some(2)
+    );
+}
+
+/// With `running`, a take hands out at most the free places; done, finish
+/// and wake_at free them; each place names its pass.
+#[pg_test]
+fn the_running_limit_hands_out_free_places_only() {
+    Spi::run(
+        "SELECT sturdy.schedule('r' || i, now() - interval '1 second', 'running') FROM generate_series(1, 6) i;
+         SELECT sturdy.limit_queue('running', running => 2)",
+    )
+    .unwrap();
+    assert_eq!(count("sturdy.queue_places WHERE queue = 'running'"), 2);
+    Spi::run("CREATE TEMP TABLE got AS SELECT * FROM sturdy.take('running', max => 5)").unwrap();
+    assert_eq!(count("got"), 2);
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('running', max => 5)"),
+        Some(0)
+    );
+    assert_eq!(
+        count("sturdy.queue_places p JOIN got g ON g.workflow = p.workflow AND g.receipt = p.receipt"),
+        2,
+        "each place names its pass"
+    );
+    assert_eq!(
+        one::<i64>("SELECT held_back FROM sturdy.queue_stats WHERE queue = 'running'"),
+        Some(4)
+    );
+    assert_eq!(
+        one::<bool>("SELECT sturdy.done(workflow, receipt, 'running') FROM got ORDER BY workflow LIMIT 1"),
+        Some(true)
+    );
+    Spi::run("DROP TABLE got; CREATE TEMP TABLE got AS SELECT * FROM sturdy.take('running', max => 5, claim => true)")
+        .unwrap();
+    assert_eq!(count("got"), 1, "one place freed by done");
+    assert_eq!(
+        one::<bool>("SELECT sturdy.finish(workflow, token, receipt, queue => 'running') FROM got"),
+        Some(true)
+    );
+    Spi::run("DROP TABLE got; CREATE TEMP TABLE got AS SELECT * FROM sturdy.take('running')").unwrap();
+    assert_eq!(count("got"), 1, "one place freed by finish");
+    assert_eq!(
+        one::<bool>("SELECT sturdy.wake_at(workflow, receipt, now() + interval '1 hour', 'running') FROM got"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('running', max => 5)"),
+        Some(1),
+        "one place freed by wake_at"
+    );
+    // cleared: no limit, no places
+    Spi::run("SELECT sturdy.limit_queue('running')").unwrap();
+    assert_eq!(count("sturdy.queue_limits"), 0);
+    assert_eq!(count("sturdy.queue_places"), 0);
+    assert_eq!(
+        one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('running', max => 5)").as_deref(),
+        Some("r6"),
+        "the one ready row left (r2 is leased, r4 asleep)"
+    );
+}
+
+/// With `per_second` and `burst`, a take hands out at most the whole tokens
+/// in the bucket; within one transaction (one now()) nothing refills it.
+#[pg_test]
+fn the_rate_limit_hands_out_the_bucket() {
+    Spi::run(
+        "SELECT sturdy.schedule('t' || i, now() - interval '1 second', 'rated') FROM generate_series(1, 10) i;
+         SELECT sturdy.limit_queue('rated', per_second => 1000, burst => 3)",
+    )
+    .unwrap();
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('rated', max => 10)"),
+        Some(3)
+    );
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('rated', max => 10)"),
+        Some(0)
+    );
+    assert_eq!(
+        one::<f64>("SELECT tokens FROM sturdy.queue_limits WHERE queue = 'rated'"),
+        Some(0.0)
+    );
+    // burst defaults to a second's worth
+    Spi::run("SELECT sturdy.limit_queue('other', per_second => 2.5)").unwrap();
+    assert_eq!(
+        one::<i32>("SELECT burst FROM sturdy.queue_limits WHERE queue = 'other'"),
+        Some(3)
+    );
+}

@@ -1,0 +1,445 @@
+//! Flow control: a queue paused, its running limit and its rate limit, all
+//! enforced by `take` for workers in any language.
+//!
+//! A queue's limits are its row in `sturdy.queue_limits`. A backend keeps
+//! the whole table (a handful of rows) until the table's next relcache
+//! invalidation, which `limit_queue`, `pause` and `resume` send with their
+//! transaction: so a queue without limits costs its takes one lookup in an
+//! empty map, and a change is seen by every take that starts after it
+//! commits (and by this backend's next statement).
+//!
+//! - Paused: a take hands out nothing (and leaves no idle mark: the queue is
+//!   not empty). `resume` sends `NOTIFY sturdy, '<queue>'` at commit.
+//! - Running: the queue's places (`sturdy.queue_places`, one row per place).
+//!   A take locks up to `max` free places (no receipt, or a receipt passed)
+//!   `FOR UPDATE SKIP LOCKED`, leases at most that many rows, and writes each
+//!   row's workflow and receipt into a place it locked. Two takers never lock
+//!   one place, so no interleaving hands out more passes than places. A
+//!   pass's `done`, `finish` or `wake_at` frees its place (by workflow and
+//!   receipt); a pass that dies frees it when its receipt passes.
+//! - Rate: a token bucket in the limits row, refilled by `now()` at
+//!   `per_second` up to `burst`. A take locks the row (`FOR UPDATE`: takers of
+//!   one rate-limited queue go one at a time until each commits), refills it,
+//!   hands out at most the whole tokens in it, and takes out one per row.
+//!
+//! A take over a limit hands out fewer rows, or none; never an error.
+
+use std::rc::Rc;
+
+use super::*;
+
+/// The limits table, kept under its relcache invalidations (see the module
+/// comment).
+static LIMITS: access::Table = access::Table::new(
+    c"sturdy",
+    c"queue_limits",
+    &[c"queue", c"paused", c"running", c"per_second", c"burst"],
+);
+
+/// One queue's limits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Limits {
+    pub(super) paused: bool,
+    pub(super) running: Option<i32>,
+    pub(super) rate: Option<(f64, i32)>,
+}
+
+type Known = (access::Mark, Rc<HashMap<Vec<u8>, Limits>>);
+
+thread_local! {
+    static KNOWN: RefCell<Option<Known>> = const { RefCell::new(None) };
+}
+
+static LOAD: Statement = Statement {
+    sql: "SELECT queue, paused, running, per_second, burst FROM sturdy.queue_limits",
+    args: &[],
+    writes: false,
+    generic: false,
+};
+
+/// The limits of `queue`, `None` for a queue without any.
+pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
+    let Some(mark) = LIMITS.mark() else {
+        return Ok(None); // an older schema: no flow control
+    };
+    let known = KNOWN.with(|k| {
+        k.borrow()
+            .as_ref()
+            .filter(|(m, _)| *m == mark && mark.keepable())
+            .map(|(_, all)| all.clone())
+    });
+    let all = match known {
+        Some(all) => all,
+        None => {
+            let all = Rc::new(plan::run_rows(&LOAD, &[], |r| {
+                Ok((0..r.len())
+                    .filter_map(|i| {
+                        let rate = r.get::<f64>(i, 4).zip(r.get::<i32>(i, 5));
+                        Some((
+                            r.text_bytes(i, 1)?.to_vec(),
+                            Limits {
+                                paused: r.get::<bool>(i, 2).unwrap_or(false),
+                                running: r.get::<i32>(i, 3),
+                                rate,
+                            },
+                        ))
+                    })
+                    .collect::<HashMap<_, _>>())
+            })?);
+            KNOWN.with(|k| *k.borrow_mut() = Some((mark, all.clone())));
+            all
+        }
+    };
+    Ok(all.get(queue.bytes()).copied())
+}
+
+/// What a take of a limited queue may hand out, and what it holds for it.
+pub(super) struct Gate {
+    /// At most this many rows.
+    pub(super) allowed: usize,
+    /// The free places it locked (running limit), one for each row.
+    places: Vec<i32>,
+    limits: Limits,
+}
+
+/// Refill the bucket and read what is in it; the row stays locked. (Every
+/// `OPERATOR()` binds alike, left to right: the parentheses make the refill
+/// `tokens + elapsed * per_second`.) A take that waited for another's lock
+/// may have a `now()` before the refill it finds: it adds nothing and
+/// leaves the refill's time where it is, so no second is counted twice.
+static REFILL: Statement = Statement {
+    sql: "UPDATE sturdy.queue_limits
+             SET tokens = LEAST(burst::pg_catalog.float8,
+                                COALESCE(tokens, burst::pg_catalog.float8)
+                                OPERATOR(pg_catalog.+) (GREATEST(0::pg_catalog.float8,
+                                    pg_catalog.date_part('epoch', pg_catalog.now()
+                                        OPERATOR(pg_catalog.-) COALESCE(refilled_at, pg_catalog.now())))
+                                OPERATOR(pg_catalog.*) per_second)),
+                 refilled_at = GREATEST(refilled_at, pg_catalog.now())
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND per_second IS NOT NULL
+          RETURNING pg_catalog.floor(tokens)::pg_catalog.int8",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+static SPEND: Statement = Statement {
+    sql: "UPDATE sturdy.queue_limits SET tokens = tokens OPERATOR(pg_catalog.-) $2
+           WHERE queue OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+    writes: true,
+    generic: false,
+};
+
+/// Up to `$2` free places, locked (others' locked ones skipped).
+static FREE_PLACES: Statement = Statement {
+    sql: "SELECT place FROM sturdy.queue_places
+           WHERE queue OPERATOR(pg_catalog.=) $1
+             AND (receipt IS NULL OR receipt OPERATOR(pg_catalog.<=) pg_catalog.now())
+           ORDER BY place
+           LIMIT $2
+             FOR UPDATE SKIP LOCKED",
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+    writes: true,
+    generic: false,
+};
+
+static HOLD_PLACES: Statement = Statement {
+    sql: "UPDATE sturdy.queue_places p SET workflow = h.workflow, receipt = h.receipt
+            FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.int4[]), pg_catalog.unnest($3::pg_catalog.text[]),
+                            pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS h(place, workflow, receipt)
+           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.place OPERATOR(pg_catalog.=) h.place",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::INT4ARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// A pass ended: free the place its take gave it.
+static FREE_PLACE: Statement = Statement {
+    sql: "UPDATE sturdy.queue_places SET workflow = NULL, receipt = NULL
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+             AND receipt OPERATOR(pg_catalog.=) $3",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
+    writes: true,
+    generic: false,
+};
+
+/// The gate of a take of up to `max` rows of `queue`, which has `limits`.
+pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
+    let mut gate = Gate {
+        allowed: if limits.paused { 0 } else { max },
+        places: Vec::new(),
+        limits,
+    };
+    if gate.allowed > 0 && limits.rate.is_some() {
+        let tokens = run_one(&REFILL, &[queue.into()], first_value::<i64>)?.unwrap_or(0);
+        gate.allowed = gate.allowed.min(usize::try_from(tokens).unwrap_or(0));
+    }
+    if gate.allowed > 0 && limits.running.is_some() {
+        gate.places = plan::run_rows(
+            &FREE_PLACES,
+            &[queue.into(), (gate.allowed as i64).into()],
+            |r| Ok((0..r.len()).filter_map(|i| r.get::<i32>(i, 1)).collect()),
+        )?;
+        gate.allowed = gate.allowed.min(gate.places.len());
+    }
+    Ok(gate)
+}
+
+/// After the take: each row it handed out holds a place it locked, and the
+/// bucket gives up a token for it.
+pub(super) fn close(
+    queue: Name,
+    gate: &Gate,
+    taken: &[(Vec<u8>, pg_sys::TimestampTz)],
+) -> Result<()> {
+    if taken.is_empty() {
+        return Ok(());
+    }
+    if gate.limits.running.is_some() {
+        let places: Vec<i32> = gate.places.iter().copied().take(taken.len()).collect();
+        let workflows: Vec<Option<Text>> = taken
+            .iter()
+            .map(|(w, _)| Some(Text::from_bytes(w)))
+            .collect();
+        let receipts: Vec<Option<TimestampWithTimeZone>> = taken
+            .iter()
+            .map(|(_, r)| TimestampWithTimeZone::try_from(*r).ok())
+            .collect();
+        run_one(
+            &HOLD_PLACES,
+            &[
+                queue.into(),
+                places.into(),
+                workflows.into(),
+                receipts.into(),
+            ],
+            |_| Ok(()),
+        )?;
+    }
+    if gate.limits.rate.is_some() {
+        run_one(&SPEND, &[queue.into(), (taken.len() as i64).into()], |_| {
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+static FREE_PLACES_OF: Statement = Statement {
+    sql: "UPDATE sturdy.queue_places p SET workflow = NULL, receipt = NULL
+            FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
+           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
+             AND p.receipt OPERATOR(pg_catalog.=) d.receipt",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// [`ended`] for the passes of `done_many`.
+pub(super) fn ended_many(
+    queue: Name,
+    workflows: TextArray,
+    receipts: TimestampArray,
+) -> Result<()> {
+    if of(queue)?.is_some_and(|l| l.running.is_some()) {
+        run_one(
+            &FREE_PLACES_OF,
+            &[queue.into(), workflows.into(), receipts.into()],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
+/// A pass of `workflow` with `receipt` ended (`done`, `finish`, `wake_at`):
+/// where its queue has a running limit, its place is free again.
+pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<()> {
+    if of(queue)?.is_some_and(|l| l.running.is_some()) {
+        run_one(
+            &FREE_PLACE,
+            &[queue.into(), workflow.into(), receipt.into()],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
+/// Set the queue's limits row: `$2..$5`; the bucket starts full when the
+/// rate changes. No row is left for a queue with no limit and not paused.
+static SET_LIMITS: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue_limits AS l (queue, running, per_second, burst, tokens, refilled_at)
+          VALUES ($1, $2, $3, $4, $4, pg_catalog.now())
+          ON CONFLICT (queue) DO UPDATE
+             SET running = EXCLUDED.running, per_second = EXCLUDED.per_second, burst = EXCLUDED.burst,
+                 tokens = CASE WHEN COALESCE(l.per_second, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.per_second, 0)
+                                AND COALESCE(l.burst, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.burst, 0)
+                               THEN l.tokens ELSE EXCLUDED.tokens END,
+                 refilled_at = CASE WHEN COALESCE(l.per_second, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.per_second, 0)
+                                     AND COALESCE(l.burst, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.burst, 0)
+                                    THEN l.refilled_at ELSE EXCLUDED.refilled_at END",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::INT4OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::INT4OID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// The places of `running` (`$2`, NULL: none): those past it go, missing
+/// ones come.
+static SET_PLACES: Statement = Statement {
+    sql: "WITH gone AS (
+              DELETE FROM sturdy.queue_places
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND (place OPERATOR(pg_catalog.>) $2 OR $2 IS NULL))
+          INSERT INTO sturdy.queue_places (queue, place)
+          SELECT $1, g FROM pg_catalog.generate_series(1, COALESCE($2, 0)) g
+          ON CONFLICT (queue, place) DO NOTHING",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+/// A limits row with nothing in it goes.
+static DROP_EMPTY: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue_limits
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND NOT paused AND running IS NULL AND per_second IS NULL",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// Whether it was not paused before.
+static PAUSE: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue_limits AS l (queue, paused) VALUES ($1, true)
+          ON CONFLICT (queue) DO UPDATE SET paused = true WHERE NOT l.paused
+          RETURNING true",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// Whether it was paused before.
+static RESUME: Statement = Statement {
+    sql: "UPDATE sturdy.queue_limits SET paused = false
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND paused
+          RETURNING true",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+static NOTIFY_RESUMED: Statement = Statement {
+    sql: "SELECT pg_catalog.pg_notify('sturdy', $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// What this backend keeps goes with the change (the other backends drop
+/// theirs when it commits).
+fn changed() {
+    LIMITS.invalidate();
+    KNOWN.with(|k| *k.borrow_mut() = None);
+}
+
+#[sql_function(
+    "sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL,
+                        per_second float8 DEFAULT NULL, burst integer DEFAULT NULL)
+     RETURNS void VOLATILE PARALLEL UNSAFE",
+    comment = "Set the queue's limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second's worth). A take over a limit hands out fewer rows, never an error. per_key is not yet available (0A000)."
+)]
+fn limit_queue(
+    queue: Option<Text>,
+    running: Option<i32>,
+    per_key: Option<i32>,
+    per_second: Option<f64>,
+    burst: Option<i32>,
+) -> Result<()> {
+    let queue = args::name("queue", queue)?;
+    let running = running
+        .map(|n| args::positive("running", Some(n)))
+        .transpose()?;
+    if per_key.is_some() {
+        return Err(Error::Raised {
+            code: *b"0A000",
+            message: "per_key limits are not available yet: they come with a key given to schedule"
+                .into(),
+            detail: None,
+            hint: Some("Pass per_key => NULL; limit the queue with running or per_second.".into()),
+        });
+    }
+    if let Some(rate) = per_second
+        && !(rate.is_finite() && rate > 0.0)
+    {
+        return Err(Error::Invalid {
+            arg: "per_second",
+            why: format!("must be a finite number above zero, got {rate}"),
+            hint: "Pass takes per second on average, e.g. 200 (or 0.5 for one every two seconds).",
+        });
+    }
+    let burst = match (per_second, burst) {
+        (None, Some(_)) => {
+            return Err(Error::Invalid {
+                arg: "burst",
+                why: "is the rate limit's bucket and needs per_second".into(),
+                hint: "Pass per_second with burst, or neither.",
+            });
+        }
+        (Some(_), Some(b)) => Some(args::positive("burst", Some(b))?),
+        // one second's worth, at least one take
+        (Some(rate), None) => Some(rate.ceil().clamp(1.0, f64::from(i32::MAX)) as i32),
+        (None, None) => None,
+    };
+    let opt_i32 = |v: Option<i32>| v.map_or_else(plan::null::<i32>, Into::into);
+    run_one(
+        &SET_LIMITS,
+        &[
+            queue.into(),
+            opt_i32(running),
+            per_second.map_or_else(plan::null::<f64>, Into::into),
+            opt_i32(burst),
+        ],
+        |_| Ok(()),
+    )?;
+    run_one(&SET_PLACES, &[queue.into(), opt_i32(running)], |_| Ok(()))?;
+    run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
+    changed();
+    Ok(())
+}
+
+#[sql_function(
+    "sturdy.pause(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Pause the queue: take hands out nothing from it until resume; schedules, wakeups and done go on. False when it was paused already."
+)]
+fn pause(queue: Option<Text>) -> Result<bool> {
+    let queue = args::name("queue", queue)?;
+    let paused_now = run_one(&PAUSE, &[queue.into()], first_value::<bool>)?;
+    changed();
+    Ok(paused_now.unwrap_or(false))
+}
+
+#[sql_function(
+    "sturdy.resume(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Resume a paused queue, and wake its listening workers at commit. False when it was not paused."
+)]
+fn resume(queue: Option<Text>) -> Result<bool> {
+    let queue = args::name("queue", queue)?;
+    let was = run_one(&RESUME, &[queue.into()], first_value::<bool>)?.unwrap_or(false);
+    run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
+    changed();
+    if was {
+        run_one(&NOTIFY_RESUMED, &[queue.into()], |_| Ok(()))?;
+    }
+    Ok(was)
+}
