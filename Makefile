@@ -73,11 +73,13 @@ bench: install
 	scripts/bench_outbox.py
 	scripts/bench_batch.py
 	scripts/bench_latency.py
+	scripts/bench_limits.py
 
 # Only the batch's cost curve on a 1,000,000-row backlog.
 bench-batch: install
 	scripts/bench_batch.py
 	scripts/bench_latency.py
+	scripts/bench_limits.py
 
 # Only the outbox's per-delivery comparison.
 bench-outbox: install
