@@ -2,9 +2,11 @@
 after it, so a thread that died fails the test it belongs to; tests marked
 `last` run after the others; a test marked `begun_early(f)` gets what `f`
 returned when the session started (once its tests are chosen), for what
-must age meanwhile."""
+must age meanwhile; `bouncer` is PgBouncer in front of the server for a
+module's tests (pooler.py)."""
 import pytest
 
+from pooler import Bouncer
 from sturdy import THREAD_ERRORS
 
 BEGUN = {}
@@ -41,3 +43,15 @@ def threads_must_not_die():
         errors = THREAD_ERRORS[:3]
         THREAD_ERRORS.clear()
         pytest.fail(f"a thread of the test died: {errors}")
+
+
+@pytest.fixture(scope="module")
+def bouncer():
+    """PgBouncer in transaction mode in front of the server (pooler.py), for
+    a module's tests; skipped (and counted) where it is not installed."""
+    b = Bouncer()
+    if b.binary is None:
+        pytest.skip("pgbouncer is not installed (scripts/bootstrap.sh installs it)")
+    b.start()
+    yield b
+    b.stop()

@@ -15,22 +15,11 @@ import time
 
 import pytest
 
-from pooler import Bouncer
 from sturdy import SERVER, connect
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = 600
 STEPS = ["reserve", "charge", "ship"]
-
-
-@pytest.fixture(scope="module")
-def bouncer():
-    b = Bouncer()
-    if b.binary is None:
-        pytest.skip("pgbouncer is not installed (scripts/bootstrap.sh installs it)")
-    b.start()
-    yield b
-    b.stop()
 
 
 @pytest.fixture(scope="module")

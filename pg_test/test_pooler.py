@@ -10,20 +10,10 @@ import time
 import psycopg
 import pytest
 
-from pooler import ONE_BACKEND, Bouncer
+from pooler import ONE_BACKEND
 from psycopg.types.json import Jsonb
 
 from sturdy import Worker, connect, start_and_join, wait_notifies
-
-
-@pytest.fixture(scope="module")
-def bouncer():
-    b = Bouncer()
-    if b.binary is None:
-        pytest.skip("pgbouncer is not installed (scripts/bootstrap.sh installs it)")
-    b.start()
-    yield b
-    b.stop()
 
 
 def fresh_role(c, role):
