@@ -40,7 +40,10 @@ QUEUES = [
 def as_pg(cmd, **kw):
     if os.getuid() == 0:
         cmd = ["runuser", "-u", "postgres", "--", *cmd]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+    run = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: {run.stderr[-2000:]}")
+    return run
 
 
 def psql(sql):
