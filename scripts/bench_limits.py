@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""What flow control costs a queue whose limits never bind: the job cycle
-(bench/sturdy_cycle_queue.sql: schedule, take, done) at 4 clients on three
-queues of one cluster, side by side in one run, alternating, 10 s each:
-  - no limit;
-  - running = 64 (above the 4 workers: every take locks a place, writes it,
-    and every done frees it);
-  - per_second = 1e6, burst = 1e6 (every take refills and spends the bucket,
-    and the takes of the queue go one at a time through its row lock).
+"""What flow control costs a queue whose limits never bind, and the same
+running limit written as teams write one today: the job cycle at 4 clients,
+side by side in one run of one cluster, alternating, 10 s each:
+  - pg_sturdy (bench/sturdy_cycle_queue.sql: schedule, take, done) on a queue
+    with no limit; with running = 64 (above the 4 workers: every take locks
+    a place and writes it, every done frees it); with per_second = burst =
+    1e6 (every take refills and spends the bucket, the takes of the queue
+    one at a time through its row lock);
+  - the plain statements of bench/plain_cycle.sql on a table of the seed's
+    shape, without a limit, and with a counter row raised before the take
+    and lowered after the delete (bench/plain_cycle_counter.sql).
 Each queue keeps a backlog, so a take always finds work. Reports cycles a
-second (median of BENCH_LIMITS_REPS) and the ratio to the unlimited queue,
-with synchronous_commit on and off.
+second (median of BENCH_LIMITS_REPS) and the ratio to the same side's
+unlimited queue, with synchronous_commit on and off.
 
   scripts/bench_limits.py        (part of `make bench`)
   BENCH_LIMITS_REPS=3 BENCH_LIMITS_SECONDS=10 BENCH_LIMITS_CLIENTS=4
@@ -30,11 +33,26 @@ CLIENTS = int(os.environ.get("BENCH_LIMITS_CLIENTS", "4"))
 PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 BINDIR = subprocess.run([PG_CONFIG, "--bindir"], check=True, capture_output=True, text=True).stdout.strip()
 CONN = ["-h", os.path.join(DIR, "cluster"), "-p", PORT, "-U", "postgres"]
-QUEUES = [
-    ("no limit", "free", None),
-    ("running = 64", "capped", "SELECT sturdy.limit_queue('capped', running => 64)"),
-    ("per_second = burst = 1e6", "rated", "SELECT sturdy.limit_queue('rated', per_second => 1e6, burst => 1000000)"),
+# name, script, queue (-D q=), the limit set on it, the unlimited case it is compared with
+CASES = [
+    ("pg_sturdy, no limit", "sturdy_cycle_queue.sql", "free", None, "pg_sturdy, no limit"),
+    ("pg_sturdy, running = 64", "sturdy_cycle_queue.sql", "capped",
+     "SELECT sturdy.limit_queue('capped', running => 64)", "pg_sturdy, no limit"),
+    ("pg_sturdy, per_second = burst = 1e6", "sturdy_cycle_queue.sql", "rated",
+     "SELECT sturdy.limit_queue('rated', per_second => 1e6, burst => 1000000)", "pg_sturdy, no limit"),
+    ("plain statements, no limit", "plain_cycle.sql", None, None, "plain statements, no limit"),
+    ("plain statements, a counter row at 64", "plain_cycle_counter.sql", None, None, "plain statements, no limit"),
 ]
+SEED = """
+CREATE SCHEMA seed;
+CREATE TABLE seed.workflow_queue (namespace text NOT NULL, workflow text NOT NULL, visible_at timestamptz NOT NULL,
+                                  PRIMARY KEY (namespace, workflow));
+CREATE INDEX workflow_queue_visible_at ON seed.workflow_queue (namespace, visible_at);
+CREATE TABLE seed.queue_running (namespace text PRIMARY KEY, running int NOT NULL);
+INSERT INTO seed.queue_running VALUES ('counted', 0);
+INSERT INTO seed.workflow_queue SELECT n, 'backlog-' || i, now() - interval '1 minute'
+  FROM generate_series(1, 1000) i, unnest(ARRAY['cycle', 'counted']) n;
+"""
 
 
 def as_pg(cmd, **kw):
@@ -50,10 +68,11 @@ def psql(sql):
     as_pg([os.path.join(BINDIR, "psql"), *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql, "postgres"])
 
 
-def cycles(queue, regime):
+def cycles(script, queue, regime):
+    define = ["-D", f"q={queue}"] if queue else []
     out = as_pg([os.path.join(BINDIR, "pgbench"), *CONN, "-n", "-M", "prepared", "-c", str(CLIENTS),
-                 "-j", str(CLIENTS), "-T", str(SECONDS), "-D", f"q={queue}",
-                 "-f", os.path.join(DIR, "sturdy_cycle_queue.sql"), "postgres"],
+                 "-j", str(CLIENTS), "-T", str(SECONDS), *define,
+                 "-f", os.path.join(DIR, script), "postgres"],
                 env=dict(os.environ, PGOPTIONS=f"-c synchronous_commit={regime}")).stdout
     return float(re.search(r"tps = ([\d.]+)", out).group(1))
 
@@ -64,31 +83,34 @@ def main():
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, PORT,
                     "shared_preload_libraries = 'pg_sturdy'", "max_wal_size = 4GB"], check=True)
     try:
-        subprocess.run(["cp", os.path.join(ROOT, "bench", "sturdy_cycle_queue.sql"), DIR], check=True)
+        for script in {c[1] for c in CASES}:
+            subprocess.run(["cp", os.path.join(ROOT, "bench", script), DIR], check=True)
         psql("CREATE EXTENSION pg_sturdy")
-        for _, queue, limit in QUEUES:
-            psql(f"SELECT sturdy.schedule('backlog-' || i, now() - interval '1 minute', '{queue}')"
-                 " FROM generate_series(1, 1000) i")
+        psql(SEED)
+        for _, _, queue, limit, _ in CASES:
+            if queue:
+                psql(f"SELECT sturdy.schedule('backlog-' || i, now() - interval '1 minute', '{queue}')"
+                     " FROM generate_series(1, 1000) i")
             if limit:
                 psql(limit)
         lines = []
         for regime in ("on", "off"):
-            rates = {queue: [] for _, queue, _ in QUEUES}
+            rates = {name: [] for name, *_ in CASES}
             for _ in range(REPS):
-                for _, queue, _ in QUEUES:
-                    psql("VACUUM sturdy.queue, sturdy.queue_places, sturdy.queue_limits")
-                    rates[queue].append(cycles(queue, regime))
-            free = statistics.median(rates["free"])
-            for name, queue, _ in QUEUES:
-                r = statistics.median(rates[queue])
-                lines.append(f"| {name} | {regime} | {r:,.0f} ({min(rates[queue]):,.0f}..{max(rates[queue]):,.0f}) "
-                             f"| {r / free:.2f}x |")
+                for name, script, queue, _, _ in CASES:
+                    psql("VACUUM sturdy.queue, sturdy.queue_places, sturdy.queue_limits, seed.workflow_queue,"
+                         " seed.queue_running")
+                    rates[name].append(cycles(script, queue, regime))
+            for name, _, _, _, base in CASES:
+                r = statistics.median(rates[name])
+                lines.append(f"| {name} | {regime} | {r:,.0f} ({min(rates[name]):,.0f}..{max(rates[name]):,.0f}) "
+                             f"| {r / statistics.median(rates[base]):.2f}x |")
                 print(lines[-1], flush=True)
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", cluster], check=True)
     version = subprocess.run([PG_CONFIG, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"\nThe job cycle at {CLIENTS} clients, cycles a second, median of {REPS} x {SECONDS} s ({version}):\n")
-    print("| queue | synchronous_commit | cycles/s (range) | of the unlimited queue |\n|---|---|---:|---:|")
+    print("| queue | synchronous_commit | cycles/s (range) | of the same side without a limit |\n|---|---|---:|---:|")
     print("\n".join(lines))
 
 
