@@ -8,7 +8,8 @@ after the one before was taken; the worker loops as examples/ do:
 - listening: take; when empty, wait on LISTEN sturdy up to a second;
 - polling: take(wake => false); when empty, sleep 50 ms, doubling up to 1 s.
 The wait is from the schedule call's start to the take that returned the job
-(one clock, one process). Prints the median and the 99th percentile of each.
+(one clock, one process). Prints the median and the 99th percentile of each,
+with the producer's synchronous_commit on and off.
 
   scripts/bench_latency.py          (via `make bench`; PG=18 for the other version)
   LATENCY_JOBS=100                  (jobs per worker)
@@ -58,14 +59,14 @@ def worker(dsn, poll, queue, taken, stop):
             c.execute("SELECT sturdy.done(%s, %s, %s)", (row[0], row[1], queue))
 
 
-def waits(dsn, poll, queue):
+def waits(dsn, poll, queue, regime):
     """Each job's wait, in seconds."""
     taken, stop = {}, threading.Event()
     t = threading.Thread(target=worker, args=(dsn, poll, queue, taken, stop))
     t.start()
     rng = random.Random(7)
     out = []
-    with psycopg.connect(DSN, autocommit=True) as producer:
+    with psycopg.connect(DSN, autocommit=True, options=f"-c synchronous_commit={regime}") as producer:
         for i in range(JOBS):
             time.sleep(rng.uniform(0, 2))
             job = f"{queue}-{i}"
@@ -93,18 +94,21 @@ def main():
             sys.exit("pgbouncer is not installed (scripts/bootstrap.sh installs it)")
         bouncer.start()
         rows = []
-        for name, dsn, poll in (("listening (LISTEN sturdy, direct)", DSN, False),
-                                ("polling (wake => false, through PgBouncer)", bouncer.dsn(), True)):
-            w = sorted(waits(dsn, poll, "latency-poll" if poll else "latency-listen"))
-            p99 = w[min(len(w) - 1, int(round(0.99 * (len(w) - 1))))]
-            rows.append(f"| {name} | {statistics.median(w) * 1000:.1f} ms | {p99 * 1000:.0f} ms | {len(w)} |")
-            print(rows[-1], flush=True)
+        for regime in ("on", "off"):
+            for name, dsn, poll in (("listening (LISTEN sturdy, direct)", DSN, False),
+                                    ("polling (wake => false, through PgBouncer)", bouncer.dsn(), True)):
+                queue = f"latency-{'poll' if poll else 'listen'}-{regime}"
+                w = sorted(waits(dsn, poll, queue, regime))
+                p99 = w[min(len(w) - 1, int(round(0.99 * (len(w) - 1))))]
+                rows.append(f"| {name} | {regime} | {statistics.median(w) * 1000:.1f} ms | {p99 * 1000:.0f} ms "
+                            f"| {len(w)} |")
+                print(rows[-1], flush=True)
     finally:
         bouncer.stop()
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", cluster], check=True)
     version = subprocess.run([PG_CONFIG, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"\nFrom schedule to take, an idle worker ({version}; jobs 0-2 s apart):\n")
-    print("| worker | median | 99th percentile | jobs |\n|---|---:|---:|---:|")
+    print("| worker | producer's synchronous_commit | median | 99th percentile | jobs |\n|---|---|---:|---:|---:|")
     print("\n".join(rows))
 
 

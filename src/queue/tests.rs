@@ -1484,6 +1484,8 @@ fn flow_control_refuses_bad_limits_and_writes_nothing() {
     for (sql, state) in [
         ("SELECT sturdy.limit_queue(NULL, 3)", "22004"),
         ("SELECT sturdy.limit_queue('', 3)", "22023"),
+        ("SELECT sturdy.limit_queue(repeat('q', 2000), 3)", "22023"),
+        ("SELECT sturdy.pause(repeat('q', 2000))", "22023"),
         ("SELECT sturdy.limit_queue('q', 0)", "22023"),
         ("SELECT sturdy.limit_queue('q', -1)", "22023"),
         ("SELECT sturdy.limit_queue('q', per_second => 0)", "22023"),
