@@ -45,6 +45,18 @@ COMMENT ON COLUMN sturdy.queue.taken_at IS
     'When take last leased it; NULL once schedule, arrive or wake_at moved it since.';
 COMMENT ON COLUMN sturdy.queue.leased_until IS
     'The lease''s end while a taker holds it: take hands it out again only after this. It is the receipt done and wake_at must match; schedule, arrive and wake_at clear it.';
+-- Priorities and keys (src/queue/priority.rs, src/queue/keyed.rs; see
+-- sql/queue.sql): every row of 0.1.0 has the default priority and no key.
+ALTER TABLE sturdy.queue ADD COLUMN priority integer NOT NULL DEFAULT 0, ADD COLUMN key text COLLATE "C";
+CREATE INDEX queue_prioritized ON sturdy.queue (queue, priority, visible_at, seq) WHERE priority > 0;
+COMMENT ON COLUMN sturdy.queue.priority IS
+    'Take hands out ready rows of a higher priority first (0, the default, last); set by schedule, kept by wake_at and arrive.';
+COMMENT ON COLUMN sturdy.queue.key IS
+    'The group the row belongs to for the queue''s per_key limit (a tenant, an account); NULL: not limited per key.';
+CREATE SEQUENCE sturdy.queue_priorities;
+COMMENT ON SEQUENCE sturdy.queue_priorities IS
+    'Bumped when a transaction that scheduled a row with a priority commits: takes that knew a queue had none look again.';
+SELECT pg_catalog.nextval('sturdy.queue_priorities');
 -- Flow control (src/queue/limits.rs): a queue's limits, set by limit_queue,
 -- pause and resume; a queue without a row here has none, and its takes never
 -- read this table (a backend keeps what it read until the table's next
@@ -54,6 +66,7 @@ CREATE TABLE sturdy.queue_limits (
     queue       text        COLLATE "C" PRIMARY KEY,
     paused      boolean     NOT NULL DEFAULT false,
     running     integer     CHECK (running > 0),
+    per_key     integer     CHECK (per_key > 0),
     per_second  float8      CHECK (per_second > 0 AND per_second < 'infinity'),
     burst       integer     CHECK (burst > 0),
     tokens      float8,
@@ -66,6 +79,7 @@ COMMENT ON TABLE sturdy.queue_limits IS
 COMMENT ON COLUMN sturdy.queue_limits.queue IS 'The queue.';
 COMMENT ON COLUMN sturdy.queue_limits.paused IS 'A paused queue hands out nothing; schedules, wakeups and done go on.';
 COMMENT ON COLUMN sturdy.queue_limits.running IS 'At most this many of the queue''s passes at once (its places in queue_places); NULL: no limit.';
+COMMENT ON COLUMN sturdy.queue_limits.per_key IS 'At most this many passes at once for one key (their places in queue_key_places); NULL: no limit.';
 COMMENT ON COLUMN sturdy.queue_limits.per_second IS 'Takes a second on average (the bucket''s refill); NULL: no rate limit.';
 COMMENT ON COLUMN sturdy.queue_limits.burst IS 'At most this many takes at once (the bucket''s size).';
 COMMENT ON COLUMN sturdy.queue_limits.tokens IS 'What is in the bucket as of refilled_at: rows take may hand out.';
@@ -90,9 +104,28 @@ COMMENT ON COLUMN sturdy.queue_places.place IS 'The place, 1 to the queue''s run
 COMMENT ON COLUMN sturdy.queue_places.workflow IS 'The workflow whose pass holds it; NULL when free.';
 COMMENT ON COLUMN sturdy.queue_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
 
+-- The per-key limit's places (see sql/queue.sql).
+CREATE TABLE sturdy.queue_key_places (
+    queue    text        COLLATE "C" NOT NULL,
+    key      text        COLLATE "C" NOT NULL,
+    place    integer     NOT NULL CHECK (place > 0),
+    workflow text        COLLATE "C",
+    receipt  timestamptz,
+    PRIMARY KEY (queue, key, place)
+);
+CREATE INDEX queue_key_places_held ON sturdy.queue_key_places (queue, workflow) WHERE workflow IS NOT NULL;
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_key_places', '');
+COMMENT ON TABLE sturdy.queue_key_places IS
+    'The per_key limit''s places: per key of a limited queue, held by a pass from its take until done, finish or wake_at, or until its receipt passes.';
+COMMENT ON COLUMN sturdy.queue_key_places.queue IS 'The limited queue.';
+COMMENT ON COLUMN sturdy.queue_key_places.key IS 'The key (sturdy.queue.key).';
+COMMENT ON COLUMN sturdy.queue_key_places.place IS 'The place, 1 to the queue''s per_key limit.';
+COMMENT ON COLUMN sturdy.queue_key_places.workflow IS 'The workflow whose pass holds it; NULL when free.';
+COMMENT ON COLUMN sturdy.queue_key_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
+
 CREATE OR REPLACE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
 SELECT s.*,
-       COALESCE(l.paused, false) AS paused, l.running, l.per_second, l.burst,
+       COALESCE(l.paused, false) AS paused, l.running, l.per_key, l.per_second, l.burst,
        CASE WHEN l.queue IS NULL THEN 0::bigint
             WHEN l.paused THEN s.ready
             ELSE GREATEST(0::bigint,
@@ -107,7 +140,19 @@ SELECT s.*,
                                            OPERATOR(pg_catalog.+) (pg_catalog.date_part('epoch',
                                                pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(l.refilled_at, pg_catalog.now()))
                                            OPERATOR(pg_catalog.*) l.per_second)))::bigint,
-                                       s.ready)))
+                                       s.ready)),
+                          -- per key: its ready rows past its free places
+                          (SELECT COALESCE(pg_catalog.sum(GREATEST(0::bigint, r.n
+                                      OPERATOR(pg_catalog.-) (l.per_key::bigint
+                                      OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM sturdy.queue_key_places p
+                                           WHERE p.queue OPERATOR(pg_catalog.=) s.queue AND p.key OPERATOR(pg_catalog.=) r.key
+                                             AND p.receipt OPERATOR(pg_catalog.>) pg_catalog.now())))), 0)::bigint
+                             FROM (SELECT q.key, pg_catalog.count(*) AS n FROM sturdy.queue q
+                                    WHERE q.queue OPERATOR(pg_catalog.=) s.queue AND q.key IS NOT NULL
+                                      AND q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                                      AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now())
+                                    GROUP BY q.key) r
+                            WHERE l.per_key IS NOT NULL))
        END AS held_back
   FROM (SELECT queue,
                count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
@@ -133,10 +178,10 @@ BEGIN
          WHERE n.nspname = 'sturdy' AND a.privilege_type = 'USAGE' AND a.grantee = r.oid
            AND a.grantee <> n.nspowner
     LOOP
-        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle, sturdy.queue_seq TO %I',
+        EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle, sturdy.queue_seq, sturdy.queue_priorities TO %I',
                                   role);
         -- every take reads the queue's limits, a limited one writes them
-        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON sturdy.queue_limits, sturdy.queue_places TO %I',
+        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON sturdy.queue_limits, sturdy.queue_places, sturdy.queue_key_places TO %I',
                                   role);
     END LOOP;
 END $$;
@@ -181,12 +226,39 @@ BEGIN
     END LOOP;
 END $$;
 
+-- schedule gains `priority` and `key` (src/queue/schedule.rs), made again as
+-- take is above, and granted again to every role that could execute it.
+DO $$
+BEGIN
+    PERFORM pg_catalog.set_config('pg_sturdy_update.schedule_grantees', pg_catalog.string_agg(r.rolname, ' '), true)
+       FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a, pg_catalog.pg_roles r
+      WHERE p.oid = 'sturdy.schedule(text, timestamptz, text)'::pg_catalog.regprocedure
+        AND a.privilege_type = 'EXECUTE' AND a.grantee = r.oid AND a.grantee <> p.proowner;
+END $$;
+DROP FUNCTION sturdy.schedule(text, timestamptz, text);
+CREATE FUNCTION sturdy.schedule(workflow text, visible_at timestamptz DEFAULT now(), queue text DEFAULT 'default', priority integer DEFAULT 0, key text DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_schedule';
+COMMENT ON FUNCTION sturdy.schedule(workflow text, visible_at timestamptz, queue text, priority integer, key text) IS
+    'Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done), at priority (take hands out higher first; 0 or above) and in the group key for the queue''s per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit.';
+REVOKE ALL ON FUNCTION sturdy.schedule(text, timestamptz, text, integer, text) FROM PUBLIC;
+DO $$
+DECLARE
+    role text;
+BEGIN
+    FOREACH role IN ARRAY pg_catalog.string_to_array(
+            pg_catalog.current_setting('pg_sturdy_update.schedule_grantees', true), ' ') LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION sturdy.schedule(text, timestamptz, text, integer, text) TO %I',
+                                  role);
+    END LOOP;
+END $$;
+
 -- Flow control (src/queue/limits.rs).
 CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL, per_second float8 DEFAULT NULL, burst integer DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_limit_queue';
 COMMENT ON FUNCTION sturdy.limit_queue(queue text, running integer, per_key integer, per_second float8, burst integer) IS
-    'Set the queue''s limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second''s worth). A take over a limit hands out fewer rows, never an error. per_key is not yet available (0A000).';
+    'Set the queue''s limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_key: at most this many leased at once for one key (schedule''s key; rows without one are not limited by it); per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second''s worth). A take over a limit hands out fewer rows, never an error.';
 CREATE FUNCTION sturdy.pause(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_pause';

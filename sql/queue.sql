@@ -16,6 +16,8 @@ CREATE TABLE sturdy.queue (
     scheduled_at timestamptz NOT NULL,
     seq          bigint      NOT NULL DEFAULT pg_catalog.nextval('sturdy.queue_seq'::pg_catalog.regclass),
     leased_until timestamptz,
+    priority     integer     NOT NULL DEFAULT 0,
+    key          text        COLLATE "C",
     PRIMARY KEY (queue, workflow)
 ) WITH (fillfactor = 45);
 ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
@@ -38,6 +40,12 @@ ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
 -- of 100 1.6x-2.3x those of the indexed lease, 1 to 16 clients, both commit
 -- regimes; one-row takes even (docs/internals.md, Tables).
 CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
+-- Priorities (src/queue/priority.rs): the rows scheduled with a priority
+-- above the default, level by level, so a take hands them out first by
+-- descending the levels that exist (one probe each) and reading each
+-- level's ready rows in take's order. Partial: a queue without priorities
+-- writes no entry here, and its takes never read it.
+CREATE INDEX queue_prioritized ON sturdy.queue (queue, priority, visible_at, seq) WHERE priority > 0;
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');
 COMMENT ON SEQUENCE sturdy.queue_seq IS 'sturdy.queue.seq (kept by pg_dump, so new rows come after the restored ones).';
@@ -68,6 +76,19 @@ COMMENT ON COLUMN sturdy.queue.leased_until IS
 COMMENT ON COLUMN sturdy.queue.takes IS 'How many times take has handed it out (a row taken again and again is a workflow that keeps failing).';
 COMMENT ON COLUMN sturdy.queue.scheduled_at IS 'When schedule or arrive last wrote it.';
 COMMENT ON COLUMN sturdy.queue.seq IS 'Arrival order, given when the row is inserted: take hands out rows with the same visible_at in this order.';
+COMMENT ON COLUMN sturdy.queue.priority IS
+    'Take hands out ready rows of a higher priority first (0, the default, last); set by schedule, kept by wake_at and arrive.';
+COMMENT ON COLUMN sturdy.queue.key IS
+    'The group the row belongs to for the queue''s per_key limit (a tenant, an account); NULL: not limited per key.';
+
+-- Bumped at the commit of every transaction that scheduled a row with a
+-- priority: a backend that found a queue without prioritized rows looks
+-- again once it moves (src/queue/priority.rs). A sequence: not
+-- transactional, no dead tuples.
+CREATE SEQUENCE sturdy.queue_priorities;
+COMMENT ON SEQUENCE sturdy.queue_priorities IS
+    'Bumped when a transaction that scheduled a row with a priority commits: takes that knew a queue had none look again.';
+SELECT pg_catalog.nextval('sturdy.queue_priorities');
 
 -- Which queues have a worker waiting: a take that found nothing leaves a mark,
 -- and the next schedule that makes a row ready there removes it and sends the
@@ -102,6 +123,7 @@ CREATE TABLE sturdy.queue_limits (
     queue       text        COLLATE "C" PRIMARY KEY,
     paused      boolean     NOT NULL DEFAULT false,
     running     integer     CHECK (running > 0),
+    per_key     integer     CHECK (per_key > 0),
     per_second  float8      CHECK (per_second > 0 AND per_second < 'infinity'),
     burst       integer     CHECK (burst > 0),
     tokens      float8,
@@ -114,6 +136,7 @@ COMMENT ON TABLE sturdy.queue_limits IS
 COMMENT ON COLUMN sturdy.queue_limits.queue IS 'The queue.';
 COMMENT ON COLUMN sturdy.queue_limits.paused IS 'A paused queue hands out nothing; schedules, wakeups and done go on.';
 COMMENT ON COLUMN sturdy.queue_limits.running IS 'At most this many of the queue''s passes at once (its places in queue_places); NULL: no limit.';
+COMMENT ON COLUMN sturdy.queue_limits.per_key IS 'At most this many passes at once for one key (their places in queue_key_places); NULL: no limit.';
 COMMENT ON COLUMN sturdy.queue_limits.per_second IS 'Takes a second on average (the bucket''s refill); NULL: no rate limit.';
 COMMENT ON COLUMN sturdy.queue_limits.burst IS 'At most this many takes at once (the bucket''s size).';
 COMMENT ON COLUMN sturdy.queue_limits.tokens IS 'What is in the bucket as of refilled_at: rows take may hand out.';
@@ -138,9 +161,32 @@ COMMENT ON COLUMN sturdy.queue_places.place IS 'The place, 1 to the queue''s run
 COMMENT ON COLUMN sturdy.queue_places.workflow IS 'The workflow whose pass holds it; NULL when free.';
 COMMENT ON COLUMN sturdy.queue_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
 
+-- The per-key limit's places: per_key rows for each key of a limited
+-- queue, made on demand (by limit_queue for the keys there, by a take for a
+-- key it meets without places); held and freed as queue_places are. Free
+-- places of keys with no row left in the queue go with sweep.
+CREATE TABLE sturdy.queue_key_places (
+    queue    text        COLLATE "C" NOT NULL,
+    key      text        COLLATE "C" NOT NULL,
+    place    integer     NOT NULL CHECK (place > 0),
+    workflow text        COLLATE "C",
+    receipt  timestamptz,
+    PRIMARY KEY (queue, key, place)
+);
+-- done, finish and wake_at free a pass's place by its workflow
+CREATE INDEX queue_key_places_held ON sturdy.queue_key_places (queue, workflow) WHERE workflow IS NOT NULL;
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_key_places', '');
+COMMENT ON TABLE sturdy.queue_key_places IS
+    'The per_key limit''s places: per key of a limited queue, held by a pass from its take until done, finish or wake_at, or until its receipt passes.';
+COMMENT ON COLUMN sturdy.queue_key_places.queue IS 'The limited queue.';
+COMMENT ON COLUMN sturdy.queue_key_places.key IS 'The key (sturdy.queue.key).';
+COMMENT ON COLUMN sturdy.queue_key_places.place IS 'The place, 1 to the queue''s per_key limit.';
+COMMENT ON COLUMN sturdy.queue_key_places.workflow IS 'The workflow whose pass holds it; NULL when free.';
+COMMENT ON COLUMN sturdy.queue_key_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
+
 CREATE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
 SELECT s.*,
-       COALESCE(l.paused, false) AS paused, l.running, l.per_second, l.burst,
+       COALESCE(l.paused, false) AS paused, l.running, l.per_key, l.per_second, l.burst,
        CASE WHEN l.queue IS NULL THEN 0::bigint
             WHEN l.paused THEN s.ready
             ELSE GREATEST(0::bigint,
@@ -155,7 +201,19 @@ SELECT s.*,
                                            OPERATOR(pg_catalog.+) (pg_catalog.date_part('epoch',
                                                pg_catalog.now() OPERATOR(pg_catalog.-) COALESCE(l.refilled_at, pg_catalog.now()))
                                            OPERATOR(pg_catalog.*) l.per_second)))::bigint,
-                                       s.ready)))
+                                       s.ready)),
+                          -- per key: its ready rows past its free places
+                          (SELECT COALESCE(pg_catalog.sum(GREATEST(0::bigint, r.n
+                                      OPERATOR(pg_catalog.-) (l.per_key::bigint
+                                      OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM sturdy.queue_key_places p
+                                           WHERE p.queue OPERATOR(pg_catalog.=) s.queue AND p.key OPERATOR(pg_catalog.=) r.key
+                                             AND p.receipt OPERATOR(pg_catalog.>) pg_catalog.now())))), 0)::bigint
+                             FROM (SELECT q.key, pg_catalog.count(*) AS n FROM sturdy.queue q
+                                    WHERE q.queue OPERATOR(pg_catalog.=) s.queue AND q.key IS NOT NULL
+                                      AND q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                                      AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now())
+                                    GROUP BY q.key) r
+                            WHERE l.per_key IS NOT NULL))
        END AS held_back
   FROM (SELECT queue,
                count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,

@@ -33,6 +33,9 @@ pub(super) struct Index {
     /// Its key columns' attribute numbers, in order.
     pub(super) keys: Vec<pg_sys::AttrNumber>,
     pub(super) unique: bool,
+    /// A partial index on `WHERE <this attribute> > 0` (an `integer`
+    /// column): a row version gets an entry only where its value is above 0.
+    pub(super) positive: Option<pg_sys::AttrNumber>,
 }
 
 /// An attribute of the table, for an insert.
@@ -126,17 +129,25 @@ pub(super) unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shap
                 && !form.indisexclusion
                 && form.indnatts == form.indnkeyatts
                 && pg_sys::RelationGetIndexExpressions(index.0).is_null()
-                && pg_sys::RelationGetIndexPredicate(index.0).is_null()
                 && form.indisvalid
                 && form.indisready;
             let keys = form.indkey.values.as_slice(form.indnatts as usize).to_vec();
             if !plain || keys.contains(&0) || !ordered_as_assumed(index.0, relid, &keys) {
                 return None;
             }
+            let predicate = pg_sys::RelationGetIndexPredicate(index.0);
+            let positive = if predicate.is_null() {
+                None
+            } else {
+                // the one predicate an entry can be decided on here, else
+                // only a statement can keep the index
+                Some(positive_only(predicate).filter(|_| !form.indisunique)?)
+            };
             indexes.push(Index {
                 oid,
                 keys,
                 unique: form.indisunique,
+                positive,
             });
         }
         let desc = (*rel.0).rd_att;
@@ -181,6 +192,49 @@ pub(super) unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shap
             generated: !constr.is_null() && (*constr).has_generated_stored,
             found: Cell::new(u32::MAX),
         })
+    }
+}
+
+/// The attribute `a` of an index predicate that is exactly `a > 0` with
+/// `a` an `integer` column (`sturdy.queue`'s `queue_prioritized`); `None`
+/// for any other.
+///
+/// # Safety
+/// `predicate` is an index's predicate as the relation cache gives it (a
+/// list of clauses, their functions set).
+unsafe fn positive_only(predicate: *mut pg_sys::List) -> Option<pg_sys::AttrNumber> {
+    // SAFETY: within the contract above: nodes of a planned expression, read
+    // by their tags before their casts.
+    unsafe {
+        if (*predicate).length != 1 {
+            return None;
+        }
+        let clause = (*(*predicate).elements).ptr_value.cast::<pg_sys::Node>();
+        if (*clause).type_ != pg_sys::NodeTag::T_OpExpr {
+            return None;
+        }
+        let op = clause.cast::<pg_sys::OpExpr>();
+        if pg_sys::get_opcode((*op).opno) != pg_sys::Oid::from(pg_sys::F_INT4GT)
+            || (*op).args.is_null()
+            || (*(*op).args).length != 2
+        {
+            return None;
+        }
+        let left = (*(*(*op).args).elements).ptr_value.cast::<pg_sys::Node>();
+        let right = (*(*(*op).args).elements.add(1))
+            .ptr_value
+            .cast::<pg_sys::Node>();
+        if (*left).type_ != pg_sys::NodeTag::T_Var || (*right).type_ != pg_sys::NodeTag::T_Const {
+            return None;
+        }
+        let var = left.cast::<pg_sys::Var>();
+        let constant = right.cast::<pg_sys::Const>();
+        ((*var).vartype == pg_sys::INT4OID
+            && (*var).varattno > 0
+            && (*constant).consttype == pg_sys::INT4OID
+            && !(*constant).constisnull
+            && (*constant).constvalue.value() as i32 == 0)
+            .then_some((*var).varattno)
     }
 }
 

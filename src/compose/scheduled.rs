@@ -31,6 +31,7 @@ fn start(
             args::name("workflow", Some(Text::from_bytes(workflow)))?,
             pgrx::datum::now(),
             args::name("queue", Some(Text::from_bytes(queue)))?,
+            None,
         )?;
     }
     Ok(started.id)
@@ -54,6 +55,6 @@ fn arrive(
     let value = args::required("value", value)?;
     let queue = args::name("queue", queue)?;
     let stored = checkpoint::supply_value(workflow, step, value)?;
-    queue::schedule_at(workflow, pgrx::datum::now(), queue)?;
+    queue::schedule_at(workflow, pgrx::datum::now(), queue, None)?;
     Ok(stored)
 }

@@ -33,7 +33,14 @@ use super::*;
 static LIMITS: access::Table = access::Table::new(
     c"sturdy",
     c"queue_limits",
-    &[c"queue", c"paused", c"running", c"per_second", c"burst"],
+    &[
+        c"queue",
+        c"paused",
+        c"running",
+        c"per_key",
+        c"per_second",
+        c"burst",
+    ],
 );
 
 /// One queue's limits.
@@ -41,7 +48,15 @@ static LIMITS: access::Table = access::Table::new(
 pub(super) struct Limits {
     pub(super) paused: bool,
     pub(super) running: Option<i32>,
+    pub(super) per_key: Option<i32>,
     pub(super) rate: Option<(f64, i32)>,
+}
+
+impl Limits {
+    /// Whether a pass holds a place of this queue (running or per key).
+    fn places(&self) -> bool {
+        self.running.is_some() || self.per_key.is_some()
+    }
 }
 
 type Known = (access::Mark, Rc<HashMap<Vec<u8>, Limits>>);
@@ -51,7 +66,7 @@ thread_local! {
 }
 
 static LOAD: Statement = Statement {
-    sql: "SELECT queue, paused, running, per_second, burst FROM sturdy.queue_limits",
+    sql: "SELECT queue, paused, running, per_key, per_second, burst FROM sturdy.queue_limits",
     args: &[],
     writes: false,
     generic: false,
@@ -74,12 +89,13 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
             let all = Rc::new(plan::run_rows(&LOAD, &[], |r| {
                 Ok((0..r.len())
                     .filter_map(|i| {
-                        let rate = r.get::<f64>(i, 4).zip(r.get::<i32>(i, 5));
+                        let rate = r.get::<f64>(i, 5).zip(r.get::<i32>(i, 6));
                         Some((
                             r.text_bytes(i, 1)?.to_vec(),
                             Limits {
                                 paused: r.get::<bool>(i, 2).unwrap_or(false),
                                 running: r.get::<i32>(i, 3),
+                                per_key: r.get::<i32>(i, 4),
                                 rate,
                             },
                         ))
@@ -100,6 +116,13 @@ pub(super) struct Gate {
     /// The free places it locked (running limit), one for each row.
     places: Vec<i32>,
     limits: Limits,
+}
+
+impl Gate {
+    /// Whether the queue has a per-key limit (its takes go by `keyed`).
+    pub(super) fn keyed(&self) -> bool {
+        self.limits.per_key.is_some()
+    }
 }
 
 /// Refill the bucket and read what is in it; the row stays locked. (Every
@@ -159,9 +182,13 @@ static HOLD_PLACES: Statement = Statement {
     generic: false,
 };
 
-/// A pass ended: free the place its take gave it.
+/// A pass ended: free the places its take gave it (running, per key).
 static FREE_PLACE: Statement = Statement {
-    sql: "UPDATE sturdy.queue_places SET workflow = NULL, receipt = NULL
+    sql: "WITH running AS (
+              UPDATE sturdy.queue_places SET workflow = NULL, receipt = NULL
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+                 AND receipt OPERATOR(pg_catalog.=) $3)
+          UPDATE sturdy.queue_key_places SET workflow = NULL, receipt = NULL
            WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
              AND receipt OPERATOR(pg_catalog.=) $3",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
@@ -231,7 +258,12 @@ pub(super) fn close(
 }
 
 static FREE_PLACES_OF: Statement = Statement {
-    sql: "UPDATE sturdy.queue_places p SET workflow = NULL, receipt = NULL
+    sql: "WITH running AS (
+              UPDATE sturdy.queue_places p SET workflow = NULL, receipt = NULL
+                FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
+               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
+                 AND p.receipt OPERATOR(pg_catalog.=) d.receipt)
+          UPDATE sturdy.queue_key_places p SET workflow = NULL, receipt = NULL
             FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
            WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
              AND p.receipt OPERATOR(pg_catalog.=) d.receipt",
@@ -250,7 +282,7 @@ pub(super) fn ended_many(
     workflows: TextArray,
     receipts: TimestampArray,
 ) -> Result<()> {
-    if of(queue)?.is_some_and(|l| l.running.is_some()) {
+    if of(queue)?.is_some_and(|l| l.places()) {
         run_one(
             &FREE_PLACES_OF,
             &[queue.into(), workflows.into(), receipts.into()],
@@ -261,9 +293,10 @@ pub(super) fn ended_many(
 }
 
 /// A pass of `workflow` with `receipt` ended (`done`, `finish`, `wake_at`):
-/// where its queue has a running limit, its place is free again.
+/// where its queue has a running or per-key limit, its places are free
+/// again.
 pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<()> {
-    if of(queue)?.is_some_and(|l| l.running.is_some()) {
+    if of(queue)?.is_some_and(|l| l.places()) {
         run_one(
             &FREE_PLACE,
             &[queue.into(), workflow.into(), receipt.into()],
@@ -276,10 +309,11 @@ pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Res
 /// Set the queue's limits row: `$2..$5`; the bucket starts full when the
 /// rate changes. No row is left for a queue with no limit and not paused.
 static SET_LIMITS: Statement = Statement {
-    sql: "INSERT INTO sturdy.queue_limits AS l (queue, running, per_second, burst, tokens, refilled_at)
-          VALUES ($1, $2, $3, $4, $4, pg_catalog.now())
+    sql: "INSERT INTO sturdy.queue_limits AS l (queue, running, per_second, burst, tokens, refilled_at, per_key)
+          VALUES ($1, $2, $3, $4, $4, pg_catalog.now(), $5)
           ON CONFLICT (queue) DO UPDATE
              SET running = EXCLUDED.running, per_second = EXCLUDED.per_second, burst = EXCLUDED.burst,
+                 per_key = EXCLUDED.per_key,
                  tokens = CASE WHEN COALESCE(l.per_second, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.per_second, 0)
                                 AND COALESCE(l.burst, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.burst, 0)
                                THEN l.tokens ELSE EXCLUDED.tokens END,
@@ -291,7 +325,28 @@ static SET_LIMITS: Statement = Statement {
         pg_sys::INT4OID,
         pg_sys::FLOAT8OID,
         pg_sys::INT4OID,
+        pg_sys::INT4OID,
     ],
+    writes: true,
+    generic: false,
+};
+
+/// The places of `per_key` (`$2`, NULL: none) for each key the queue has
+/// places for or rows of: those past it go, missing ones come.
+static SET_KEY_PLACES: Statement = Statement {
+    sql: "WITH gone AS (
+              DELETE FROM sturdy.queue_key_places
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND (place OPERATOR(pg_catalog.>) $2 OR $2 IS NULL))
+          INSERT INTO sturdy.queue_key_places (queue, key, place)
+          SELECT $1, k.key, g
+            FROM (SELECT key FROM sturdy.queue
+                   WHERE queue OPERATOR(pg_catalog.=) $1 AND key IS NOT NULL
+                  UNION
+                  SELECT key FROM sturdy.queue_key_places
+                   WHERE queue OPERATOR(pg_catalog.=) $1) k,
+                 pg_catalog.generate_series(1, COALESCE($2, 0)) g
+          ON CONFLICT (queue, key, place) DO NOTHING",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
     writes: true,
     generic: false,
 };
@@ -313,7 +368,8 @@ static SET_PLACES: Statement = Statement {
 /// A limits row with nothing in it goes.
 static DROP_EMPTY: Statement = Statement {
     sql: "DELETE FROM sturdy.queue_limits
-           WHERE queue OPERATOR(pg_catalog.=) $1 AND NOT paused AND running IS NULL AND per_second IS NULL",
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND NOT paused AND running IS NULL AND per_key IS NULL
+             AND per_second IS NULL",
     args: &[pg_sys::TEXTOID],
     writes: true,
     generic: false,
@@ -357,7 +413,7 @@ fn changed() {
     "sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL,
                         per_second float8 DEFAULT NULL, burst integer DEFAULT NULL)
      RETURNS void VOLATILE PARALLEL UNSAFE",
-    comment = "Set the queue's limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second's worth). A take over a limit hands out fewer rows, never an error. per_key is not yet available (0A000)."
+    comment = "Set the queue's limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_key: at most this many leased at once for one key (schedule's key; rows without one are not limited by it); per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second's worth). A take over a limit hands out fewer rows, never an error."
 )]
 fn limit_queue(
     queue: Option<Text>,
@@ -370,15 +426,9 @@ fn limit_queue(
     let running = running
         .map(|n| args::positive("running", Some(n)))
         .transpose()?;
-    if per_key.is_some() {
-        return Err(Error::Raised {
-            code: *b"0A000",
-            message: "per_key limits are not available yet: they come with a key given to schedule"
-                .into(),
-            detail: None,
-            hint: Some("Pass per_key => NULL; limit the queue with running or per_second.".into()),
-        });
-    }
+    let per_key = per_key
+        .map(|n| args::positive("per_key", Some(n)))
+        .transpose()?;
     if let Some(rate) = per_second
         && !(rate.is_finite() && rate > 0.0)
     {
@@ -409,10 +459,14 @@ fn limit_queue(
             opt_i32(running),
             per_second.map_or_else(plan::null::<f64>, Into::into),
             opt_i32(burst),
+            opt_i32(per_key),
         ],
         |_| Ok(()),
     )?;
     run_one(&SET_PLACES, &[queue.into(), opt_i32(running)], |_| Ok(()))?;
+    run_one(&SET_KEY_PLACES, &[queue.into(), opt_i32(per_key)], |_| {
+        Ok(())
+    })?;
     run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
     changed();
     Ok(())

@@ -60,7 +60,9 @@ use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, 
 
 mod done;
 mod floor;
+mod keyed;
 mod limits;
+mod priority;
 mod schedule;
 mod schema;
 mod sql;
@@ -97,6 +99,8 @@ static QUEUE: access::Table = access::Table::new(
         c"taken_at",
         c"takes",
         c"scheduled_at",
+        c"priority",
+        c"key",
     ],
 );
 const Q_QUEUE: access::Col = access::Col(0);
@@ -107,6 +111,8 @@ const Q_SEQ: access::Col = access::Col(4);
 const Q_TAKEN_AT: access::Col = access::Col(5);
 const Q_TAKES: access::Col = access::Col(6);
 const Q_SCHEDULED_AT: access::Col = access::Col(7);
+const Q_PRIORITY: access::Col = access::Col(8);
+const Q_KEY: access::Col = access::Col(9);
 
 static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
     queue: Q_QUEUE,

@@ -2,37 +2,70 @@
 
 use super::*;
 
+/// What a schedule says of the row besides when: its priority and key. A
+/// schedule gives both, the defaults included; `arrive` and `start` leave a
+/// row's own as they are (a new row gets the defaults).
+#[derive(Clone, Copy)]
+pub struct Placing {
+    pub priority: i32,
+    pub key: Option<Name>,
+}
+
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
-/// arguments. `schedule` and `arrive` both end here.
-pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Name) -> Result<()> {
+/// arguments, placed as `placing` says (`None`: as the row stands).
+/// `schedule`, `arrive` and `start` all end here.
+pub fn schedule_at(
+    workflow: Name,
+    visible_at: TimestampWithTimeZone,
+    queue: Name,
+    placing: Option<Placing>,
+) -> Result<()> {
     // `now()` in SQL: the transaction's start
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
     let at = pg_sys::TimestampTz::from(visible_at);
+    let priority = placing.map_or(0, |p| p.priority);
+    let key = placing.and_then(|p| p.key).and_then(|k| k.into_datum());
+    let placed = [
+        (
+            Q_PRIORITY,
+            pg_sys::INT4OID,
+            Some(pg_sys::Datum::from(priority)),
+        ),
+        (Q_KEY, pg_sys::TEXTOID, key),
+    ];
     // [`SCHEDULE`]'s upsert without the statement, where nothing it would
     // do is skipped that way (see `access`)
     let upserted = match (queue.into_datum(), workflow.into_datum()) {
         (Some(q), Some(w)) => QUEUE.with(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], |table| {
+            let set = [
+                (
+                    Q_VISIBLE_AT,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(at)),
+                ),
+                (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
+                (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
+                (
+                    Q_SCHEDULED_AT,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(now)),
+                ),
+                placed[0],
+                placed[1],
+            ];
+            // placed by the schedule, or (arrive, start) on insert only
+            let (set, insert_only) = match placing {
+                Some(_) => (&set[..], &[][..]),
+                None => (&set[..4], &placed[..]),
+            };
             table.upsert(&access::Upsert {
                 key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
-                set: &[
-                    (
-                        Q_VISIBLE_AT,
-                        pg_sys::TIMESTAMPTZOID,
-                        Some(pg_sys::Datum::from(at)),
-                    ),
-                    (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
-                    (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
-                    (
-                        Q_SCHEDULED_AT,
-                        pg_sys::TIMESTAMPTZOID,
-                        Some(pg_sys::Datum::from(now)),
-                    ),
-                ],
+                set,
                 fill: &[
                     (Q_TAKES, access::Fill::Int4(0)),
                     (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
                 ],
-                insert_only: &[],
+                insert_only,
                 only_if: None,
                 increment: None,
             })
@@ -40,11 +73,27 @@ pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Nam
         _ => None,
     };
     if upserted.is_none() {
-        run_one(
-            schema::pick(&SCHEDULE, &schema::SCHEDULE_RELEASED),
-            &[workflow.into(), visible_at.into(), queue.into()],
-            |_| Ok(()),
-        )?;
+        match placing {
+            Some(p) if schema::current() => run_one(
+                &SCHEDULE_PLACED,
+                &[
+                    workflow.into(),
+                    visible_at.into(),
+                    queue.into(),
+                    p.priority.into(),
+                    p.key.map_or_else(plan::null::<Text>, Into::into),
+                ],
+                |_| Ok(()),
+            )?,
+            _ => run_one(
+                schema::pick(&SCHEDULE, &schema::SCHEDULE_RELEASED),
+                &[workflow.into(), visible_at.into(), queue.into()],
+                |_| Ok(()),
+            )?,
+        }
+    }
+    if priority > 0 {
+        priority::scheduled(queue);
     }
     if at < now {
         generation::bump();
@@ -56,19 +105,44 @@ pub fn schedule_at(workflow: Name, visible_at: TimestampWithTimeZone, queue: Nam
 }
 
 #[sql_function(
-    "sturdy.schedule(workflow text, visible_at timestamptz DEFAULT now(), queue text DEFAULT 'default')
+    "sturdy.schedule(workflow text, visible_at timestamptz DEFAULT now(), queue text DEFAULT 'default',
+                     priority integer DEFAULT 0, key text DEFAULT NULL)
      RETURNS void VOLATILE PARALLEL UNSAFE",
-    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done). When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit."
+    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done), at priority (take hands out higher first; 0 or above) and in the group key for the queue's per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit."
 )]
 fn schedule(
     workflow: Option<Text>,
     visible_at: Option<TimestampWithTimeZone>,
     queue: Option<Text>,
+    priority: Option<i32>,
+    key: Option<Text>,
 ) -> Result<()> {
     let workflow = args::name("workflow", workflow)?;
     let visible_at = args::required("visible_at", visible_at)?;
     let queue = args::name("queue", queue)?;
-    schedule_at(workflow, visible_at, queue)
+    let priority = args::required("priority", priority)?;
+    if priority < 0 {
+        return Err(Error::Invalid {
+            arg: "priority",
+            why: format!("must be 0 or above, got {priority}"),
+            hint: "Priorities count up from 0, the default: give the rows that must go first a higher one (rows below the default would make every take of the queue look past them).",
+        });
+    }
+    let key = args::optional_name("key", key)?;
+    if (priority > 0 || key.is_some()) && !schema::current() {
+        return Err(Error::Raised {
+            code: *b"0A000",
+            message: "priority and key need the extension's current schema".into(),
+            detail: Some(
+                "This library serves pg_sturdy 0.1.0's tables until they are updated.".into(),
+            ),
+            hint: Some(
+                "Run ALTER EXTENSION pg_sturdy UPDATE, or schedule without priority and key."
+                    .into(),
+            ),
+        });
+    }
+    schedule_at(workflow, visible_at, queue, Some(Placing { priority, key }))
 }
 
 #[sql_function(

@@ -22,6 +22,25 @@ pub(super) static SCHEDULE: Statement = Statement {
     generic: false,
 };
 
+/// [`SCHEDULE`] placing the row: its priority (`$4`) and key (`$5`) set on
+/// insert and on update.
+pub(super) static SCHEDULE_PLACED: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, leased_until, scheduled_at, priority, key)
+          VALUES ($3, $1, $2, NULL, NULL, pg_catalog.now(), $4, $5)
+          ON CONFLICT (queue, workflow) DO UPDATE
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, leased_until = NULL, scheduled_at = EXCLUDED.scheduled_at,
+                 priority = EXCLUDED.priority, key = EXCLUDED.key",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT4OID,
+        pg_sys::TEXTOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
 /// Is the queue marked (a worker found it empty and waits)?
 pub(super) static MARKED: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $1)",

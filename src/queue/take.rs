@@ -108,7 +108,7 @@ pub(super) struct Hand<'a> {
 
 impl Hand<'_> {
     /// The token for `workflow`'s row, after doing what the hand asks.
-    fn each(
+    pub(super) fn each(
         &self,
         workflow: Name,
         receipt: pg_sys::TimestampTz,
@@ -316,6 +316,30 @@ pub(crate) fn take(
         claim,
         kept: gate.as_ref().map(|_| &kept),
     };
+    let close = |rows: usize| -> Result<()> {
+        if let Some(gate) = &gate {
+            limits::close(queue, gate, &kept.borrow())?;
+        }
+        if rows == 0 && wake {
+            run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+            idle::bump();
+        }
+        Ok(())
+    };
+    // a per-key limit: one statement for the whole take (`keyed`)
+    if gate.as_ref().is_some_and(|g| g.keyed()) {
+        let rows = keyed::take(call, queue, lease, max as usize, hand)?;
+        return close(rows);
+    }
+    // the rows above the default priority first, where there are any
+    let first = match priority::to_look(queue) {
+        Some(counter) => priority::take(call, queue, lease, max as usize, counter, hand)?,
+        None => 0,
+    };
+    if first >= max as usize {
+        return close(first);
+    }
+    let max = max - first as i32;
     let stmt = statement_for(max);
     let batch = max > 1;
     if batch {
@@ -366,14 +390,7 @@ pub(crate) fn take(
         take,
     )?;
     publish_floor(queue, shared);
-    if let Some(gate) = &gate {
-        limits::close(queue, gate, &kept.borrow())?;
-    }
-    if taken.rows == 0 && wake {
-        run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
-        idle::bump();
-    }
-    Ok(())
+    close(first + taken.rows)
 }
 
 /// The statement a take of `max` rows runs in this schema.

@@ -1494,7 +1494,8 @@ fn flow_control_refuses_bad_limits_and_writes_nothing() {
         ("SELECT sturdy.limit_queue('q', per_second => 'Infinity')", "22023"),
         ("SELECT sturdy.limit_queue('q', burst => 5)", "22023"),
         ("SELECT sturdy.limit_queue('q', per_second => 10, burst => 0)", "22023"),
-        ("SELECT sturdy.limit_queue('q', per_key => 1)", "0A000"),
+        ("SELECT sturdy.limit_queue('q', per_key => 0)", "22023"),
+        ("SELECT sturdy.limit_queue('q', running => 3, per_key => -2)", "22023"),
         ("SELECT sturdy.pause(NULL)", "22004"),
         ("SELECT sturdy.resume('')", "22023"),
     ] {
@@ -1502,6 +1503,134 @@ fn flow_control_refuses_bad_limits_and_writes_nothing() {
     }
     assert_eq!(count("sturdy.queue_limits"), 0);
     assert_eq!(count("sturdy.queue_places"), 0);
+    assert_eq!(count("sturdy.queue_key_places"), 0);
+}
+
+/// schedule refuses a priority it cannot order and a key that is no name,
+/// and writes nothing.
+#[pg_test]
+fn schedule_refuses_bad_priorities_and_keys() {
+    for (sql, state) in [
+        ("SELECT sturdy.schedule('w', priority => -1)", "22023"),
+        ("SELECT sturdy.schedule('w', priority => NULL)", "22004"),
+        ("SELECT sturdy.schedule('w', key => '')", "22023"),
+        ("SELECT sturdy.schedule('w', key => repeat('k', 2000))", "22023"),
+    ] {
+        assert_eq!(sqlstate_of(sql), state, "{sql}");
+    }
+    assert_eq!(count("sturdy.queue"), 0);
+}
+
+/// Ready rows go out by priority, highest first, then by visible_at, then
+/// arrival; a sleeping prioritized row waits for its time; a reschedule
+/// sets the priority, and arrive and wake_at keep it.
+#[pg_test]
+fn take_hands_out_higher_priorities_first() {
+    Spi::run(
+        "SELECT sturdy.schedule('low' || i, now() - interval '1 hour' + i * interval '1 second', 'p')
+           FROM generate_series(1, 50) i;
+         SELECT sturdy.schedule('five-late', now() - interval '1 minute', 'p', priority => 5);
+         SELECT sturdy.schedule('five-early', now() - interval '2 minutes', 'p', priority => 5);
+         SELECT sturdy.schedule('two', now() - interval '3 minutes', 'p', priority => 2);
+         SELECT sturdy.schedule('nine-asleep', now() + interval '1 hour', 'p', priority => 9);",
+    )
+    .unwrap();
+    assert_eq!(
+        one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('p', max => 5)").as_deref(),
+        Some("five-early,five-late,two,low1,low2")
+    );
+    assert_eq!(
+        one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('p')").as_deref(),
+        Some("low3"),
+        "one row at a time too"
+    );
+    // a reschedule sets the priority; arrive keeps it
+    Spi::run(
+        "SELECT sturdy.schedule('low10', now(), 'p', priority => 7);
+         SELECT sturdy.arrive('low10', 'step', '1', 'p');",
+    )
+    .unwrap();
+    assert_eq!(
+        one::<i32>("SELECT priority FROM sturdy.queue WHERE workflow = 'low10'"),
+        Some(7)
+    );
+    assert_eq!(
+        one::<String>("SELECT string_agg(workflow, ',') FROM sturdy.take('p', max => 2)").as_deref(),
+        Some("low10,low4")
+    );
+    Spi::run("SELECT sturdy.schedule('low20', now(), 'p')").unwrap();
+    assert_eq!(
+        one::<i32>("SELECT priority FROM sturdy.queue WHERE workflow = 'low20'"),
+        Some(0),
+        "a schedule without one gives the default"
+    );
+}
+
+/// With `per_key`, no key has more passes leased than that, all takes
+/// together; rows without a key are not limited; places are made for a key
+/// met without them, and done, done_many and wake_at free them.
+#[pg_test]
+fn the_per_key_limit_leases_at_most_per_key_of_each_key() {
+    Spi::run(
+        "SELECT sturdy.schedule('k' || i, now() - interval '1 hour' + i * interval '1 second', 'keyed',
+                                key => 'tenant' || (i % 3))
+           FROM generate_series(1, 30) i;
+         SELECT sturdy.schedule('free' || i, now() - interval '1 minute', 'keyed') FROM generate_series(1, 3) i;
+         SELECT sturdy.limit_queue('keyed', per_key => 2);",
+    )
+    .unwrap();
+    assert_eq!(count("sturdy.queue_key_places WHERE queue = 'keyed'"), 6);
+    Spi::run("SELECT sturdy.schedule('late', now() - interval '2 hours', 'keyed', key => 'newcomer')").unwrap();
+    Spi::run("CREATE TEMP TABLE got AS SELECT * FROM sturdy.take('keyed', max => 100)").unwrap();
+    assert_eq!(count("got"), 2 * 3 + 1 + 3, "two of each key, the newcomer's one, the three without");
+    assert_eq!(
+        count("sturdy.queue_key_places WHERE key = 'newcomer'"),
+        2,
+        "places made on demand"
+    );
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('keyed', max => 100)"),
+        Some(0)
+    );
+    assert_eq!(
+        one::<i64>(
+            "SELECT max(n) FROM (SELECT count(*) AS n FROM sturdy.queue
+                                  WHERE queue = 'keyed' AND leased_until > now() GROUP BY key) c"
+        ),
+        Some(3),
+        "the three without a key"
+    );
+    assert_eq!(
+        one::<i64>("SELECT held_back FROM sturdy.queue_stats WHERE queue = 'keyed'"),
+        Some(24)
+    );
+    // done, done_many and wake_at each free a place of tenant1
+    Spi::run(
+        "SELECT sturdy.done(workflow, receipt, 'keyed') FROM got WHERE workflow = 'k1';
+         SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'keyed') FROM got WHERE workflow = 'k2';
+         SELECT sturdy.wake_at(workflow, receipt, now() + interval '1 hour', 'keyed') FROM got WHERE workflow = 'k3';",
+    )
+    .unwrap();
+    assert_eq!(
+        one::<String>(
+            "SELECT string_agg(q.key, ',' ORDER BY q.key) FROM sturdy.take('keyed', max => 100) t
+               JOIN sturdy.queue q ON q.queue = 'keyed' AND q.workflow = t.workflow"
+        )
+        .as_deref(),
+        Some("tenant0,tenant1,tenant2")
+    );
+    // a lapsed receipt frees its place too
+    Spi::run(
+        "UPDATE sturdy.queue_key_places SET receipt = now() - interval '1 second'
+          WHERE key = 'tenant0' AND place = 1",
+    )
+    .unwrap();
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('keyed', max => 100)"),
+        Some(1)
+    );
+    Spi::run("SELECT sturdy.limit_queue('keyed')").unwrap();
+    assert_eq!(count("sturdy.queue_key_places"), 0);
 }
 
 /// A paused queue hands out nothing (and marks no waiter: it is not empty);

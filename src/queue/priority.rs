@@ -1,0 +1,194 @@
+//! Priorities: among a queue's ready rows, `take` hands out a higher
+//! `priority` first, then the oldest `visible_at`, then arrival (`seq`).
+//!
+//! Rows above the default priority (0) are the only ones in the partial
+//! index `queue_prioritized` (queue, priority, visible_at, seq). A take of a
+//! queue that has any first descends that index's levels from the highest
+//! (one probe each: the next lower priority that exists) and leases each
+//! level's ready rows in take's order ([`TAKE_PRIORITIZED`]); what it still
+//! wants then comes from the default level by the usual machinery (floors,
+//! the path without a statement). Negative priorities are refused by
+//! `schedule`: rows below the default would make every take look past the
+//! whole default level to reach them, or order the default level's index
+//! by priority, which every take of every queue would pay for.
+//!
+//! A queue without prioritized rows pays nothing for this but the read of
+//! one sequence: each backend remembers, per queue, that it found none
+//! there ([`NONE_FOUND`]), with the value of `sturdy.queue_priorities` it
+//! read before looking. A transaction that schedules a row with a priority
+//! bumps that sequence as it commits (a pre-commit callback), so every take
+//! that starts after the commit looks again. A take whose look raced the
+//! commit (it read the sequence after the bump and looked with a snapshot
+//! from before the commit became visible, or in a repeatable-read
+//! transaction older than it) may pass over the new rows: every backend
+//! looks again at least every [`LOOK_AGAIN`] whatever the sequence says.
+
+use super::*;
+use crate::sequence::Sequence;
+
+/// Bumped by the commit of a transaction that scheduled a prioritized row.
+static PRIORITIES: Sequence = Sequence::new(c"sturdy", c"queue_priorities");
+
+/// How long a backend goes by having found a queue without prioritized
+/// rows, the sequence unmoved, before it looks again.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
+/// Queues a backend remembers; past this many it forgets them all.
+const KEPT: usize = 1024;
+
+thread_local! {
+    /// Per queue: the value of the sequence under which this backend found
+    /// no prioritized row there, and when.
+    static NONE_FOUND: RefCell<HashMap<Vec<u8>, (i64, Instant)>> = RefCell::new(HashMap::new());
+}
+
+/// A row of `queue` was scheduled with a priority: the sequence moves as
+/// this transaction commits, and this backend's own takes look at once.
+pub(super) fn scheduled(queue: Name) {
+    PRIORITIES.advance_at_commit();
+    NONE_FOUND.with(|n| n.borrow_mut().remove(queue.bytes()));
+}
+
+/// Whether a take of `queue` is to look for prioritized rows; with the
+/// sequence's value to remember a look that finds none by. `None` where
+/// the schema has no priorities (0.1.0's).
+pub(super) fn to_look(queue: Name) -> Option<i64> {
+    let counter = PRIORITIES.last_value()?;
+    let known = NONE_FOUND.with(|n| {
+        n.borrow()
+            .get(queue.bytes())
+            .is_some_and(|&(c, at)| c == counter && at.elapsed() < LOOK_AGAIN)
+    });
+    (!known).then_some(counter)
+}
+
+/// Remember that `queue` had no prioritized row under `counter`, or forget
+/// that it had none.
+pub(super) fn found(queue: Name, counter: i64, any: bool) {
+    NONE_FOUND.with(|n| {
+        let mut n = n.borrow_mut();
+        if any {
+            n.remove(queue.bytes());
+        } else {
+            if n.len() >= KEPT {
+                n.clear();
+            }
+            n.insert(queue.bytes().to_vec(), (counter, Instant::now()));
+        }
+    });
+}
+
+/// The levels above the default, highest first (each one probe of
+/// `queue_prioritized`, backwards), as a take statement's first CTE.
+macro_rules! levels {
+    () => {
+        "WITH RECURSIVE levels AS (
+              SELECT (SELECT priority FROM sturdy.queue
+                       WHERE queue OPERATOR(pg_catalog.=) $1 AND priority OPERATOR(pg_catalog.>) 0
+                       ORDER BY priority DESC LIMIT 1) AS p
+            UNION ALL
+              SELECT (SELECT priority FROM sturdy.queue
+                       WHERE queue OPERATOR(pg_catalog.=) $1 AND priority OPERATOR(pg_catalog.>) 0
+                         AND priority OPERATOR(pg_catalog.<) l.p
+                       ORDER BY priority DESC LIMIT 1)
+                FROM levels l WHERE l.p IS NOT NULL)"
+    };
+}
+pub(super) use levels;
+
+/// Lease up to `$3` ready rows above the default priority, level by level
+/// from the highest, each level in take's order (`$4`: due by; `$2`: the
+/// lease). Returns each row leased (workflow, receipt); one row whose
+/// workflow is NULL for each row locked but not leased (see the take
+/// statements in `sql.rs`: run again); and in every row whether the queue
+/// has any prioritized row at all (a row with nothing else where it has
+/// none ready).
+static TAKE_PRIORITIZED: Statement = Statement {
+    sql: concat!(
+        levels!(),
+        ",
+          due AS MATERIALIZED (
+              SELECT r.ctid, r.workflow FROM levels l CROSS JOIN LATERAL (
+                  SELECT ctid, workflow FROM sturdy.queue
+                   WHERE queue OPERATOR(pg_catalog.=) $1 AND priority OPERATOR(pg_catalog.=) l.p
+                     AND priority OPERATOR(pg_catalog.>) 0
+                     AND visible_at OPERATOR(pg_catalog.<=) $4
+                     AND (leased_until IS NULL OR leased_until OPERATOR(pg_catalog.<=) $4)
+                   ORDER BY visible_at, seq
+                   LIMIT $3
+                   FOR UPDATE SKIP LOCKED) r
+               WHERE l.p IS NOT NULL
+               LIMIT $3),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+              RETURNING q.workflow, q.leased_until AS receipt)
+          SELECT t.workflow, t.receipt, (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL
+            FROM (SELECT) one
+            LEFT JOIN (due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow) ON true"
+    ),
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+        pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+    writes: true,
+    generic: true,
+};
+
+/// A take's prioritized rows: up to `max` leased, handed as `hand` asks
+/// and appended to the result of `call`; how many. `counter` is what
+/// [`to_look`] read.
+pub(super) fn take(
+    call: &Args,
+    queue: Name,
+    lease: Interval,
+    max: usize,
+    counter: i64,
+    hand: Hand<'_>,
+) -> Result<usize> {
+    let due = pgrx::datum::now();
+    let mut handed = 0;
+    for _ in 0..TAKE_ATTEMPTS {
+        let (leased, missed, any) = plan::run_rows(
+            &TAKE_PRIORITIZED,
+            &[
+                queue.into(),
+                lease.into(),
+                ((max - handed) as i64).into(),
+                due.into(),
+            ],
+            |r| {
+                let leased: Vec<_> = (0..r.len())
+                    .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
+                    .collect();
+                let any = r.len() > 0 && r.get::<bool>(0, 3).unwrap_or(false);
+                // a row of `due` the update did not lease
+                let missed = (0..r.len())
+                    .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 4) == Some(true));
+                Ok((leased, missed, any))
+            },
+        )?;
+        found(queue, counter, any);
+        for (workflow, receipt) in &leased {
+            let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
+            let token = hand.each(workflow, *receipt, lease)?;
+            plan::append_row(
+                call,
+                &[
+                    workflow.into_datum(),
+                    Some(pg_sys::Datum::from(*receipt)),
+                    token.map(pg_sys::Datum::from),
+                ],
+            )?;
+        }
+        handed += leased.len();
+        if !missed || handed >= max {
+            break;
+        }
+    }
+    Ok(handed)
+}
