@@ -165,7 +165,7 @@ pub(super) fn take(
                 let leased: Vec<_> = (0..r.len())
                     .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
                     .collect();
-                let any = r.len() > 0 && r.get::<bool>(0, 3).unwrap_or(false);
+                let any = !r.is_empty() && r.get::<bool>(0, 3).unwrap_or(false);
                 // a row of `due` the update did not lease
                 let missed = (0..r.len())
                     .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 4) == Some(true));
