@@ -104,3 +104,111 @@ def test_a_lease_that_lapses_frees_its_place():
         got = c.execute("SELECT workflow FROM sturdy.take('lim-lapse')").fetchone()
         c.execute("SELECT sturdy.limit_queue('lim-lapse')")
     assert got is not None, "the lapsed lease did not free its place"
+
+
+def test_per_key_one_over_fifty_keys_never_leases_two_rows_of_a_key():
+    """per_key = 1 over 50 keys, 1,000 rows (20 a key), sixteen workers each
+    taking up to four rows a call and holding them 10 ms before done; one
+    more takes a row with a one-second lease and dies without done. A
+    sampler reads the leased rows per key every few milliseconds from its
+    own connection: never two of one key, many keys at once, and the queue
+    drains (the dead worker's place freed when its lease lapsed)."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'lim-key'")
+        c.execute("SELECT sturdy.limit_queue('lim-key', per_key => 1)")
+        c.execute("SELECT sturdy.schedule('lk-' || i, now() - interval '1 minute', 'lim-key',"
+                  " key => 'tenant-' || (i % 50)) FROM generate_series(1, 1000) i")
+    with connect() as dead:
+        assert dead.execute("SELECT count(*) FROM sturdy.take('lim-key', '1 second')").fetchone()[0] == 1
+    stop, seen = threading.Event(), []
+
+    def sampler():
+        with connect() as c:
+            while not stop.is_set():
+                seen.append(c.execute("SELECT coalesce(max(n), 0), count(*) FROM (SELECT count(*) AS n"
+                                      " FROM sturdy.queue WHERE queue = 'lim-key' AND leased_until > now()"
+                                      " GROUP BY key) k").fetchone())
+                time.sleep(0.002)
+
+    def worker():
+        with connect() as c:
+            while True:
+                rows = c.execute("SELECT workflow, receipt FROM sturdy.take('lim-key', max => 4)").fetchall()
+                if not rows:
+                    if c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'lim-key'").fetchone()[0] == 0:
+                        return
+                    time.sleep(0.005)
+                    continue
+                time.sleep(0.01)
+                c.execute("SELECT sturdy.done_many(%s, %s, 'lim-key')",
+                          ([w for w, _ in rows], [r for _, r in rows]))
+
+    s = Worker(target=sampler)
+    s.start()
+    start_and_join([Worker(target=worker) for _ in range(16)])
+    stop.set()
+    s.join()
+    with connect() as c:
+        c.execute("SELECT sturdy.limit_queue('lim-key')")
+        left = c.execute("SELECT count(*) FROM sturdy.queue_key_places").fetchone()[0]
+    most, keys = max(n for n, _ in seen), max(k for _, k in seen)
+    print(f"     {len(seen)} samples, at most {most} leased of a key, {keys} keys at once")
+    assert most <= 1, f"{most} passes of one key at once under per_key = 1"
+    assert keys >= 10, f"at most {keys} keys leased at once: the test did not load the limit"
+    assert left == 0
+
+
+def test_a_prioritized_row_behind_ten_thousand_ready_ones_is_taken_next():
+    """10,000 ready rows; a worker's take has found the queue without
+    prioritized rows (and remembers it); another connection schedules one
+    row at priority 5 and commits: the worker's very next take hands it
+    out. Then four workers take and done while a producer schedules a
+    prioritized row every 20 ms: each is handed out before more than a few
+    default rows scheduled before it (one take in flight per worker)."""
+    with connect() as c:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'lim-prio'")
+        c.execute("SELECT sturdy.schedule('lp-' || i, now() - interval '1 hour' + i * interval '1 ms', 'lim-prio')"
+                  " FROM generate_series(1, 10000) i")
+    with connect() as worker, connect() as producer:
+        for _ in range(3):
+            w, r = worker.execute("SELECT workflow, receipt FROM sturdy.take('lim-prio')").fetchone()
+            assert w.startswith("lp-")
+            worker.execute("SELECT sturdy.done(%s, %s, 'lim-prio')", (w, r))
+        producer.execute("SELECT sturdy.schedule('urgent', queue => 'lim-prio', priority => 5)")
+        assert worker.execute("SELECT workflow FROM sturdy.take('lim-prio')").fetchone()[0] == "urgent"
+
+    stop, order, scheduled = threading.Event(), [], []
+    lock = threading.Lock()
+
+    def take_loop():
+        with connect() as c:
+            while not stop.is_set():
+                row = c.execute("SELECT workflow, receipt FROM sturdy.take('lim-prio')").fetchone()
+                if row is None:
+                    continue
+                with lock:
+                    order.append(row[0])
+                c.execute("SELECT sturdy.done(%s, %s, 'lim-prio')", row)
+
+    def produce():
+        try:
+            with connect() as c:
+                for i in range(50):
+                    c.execute("SELECT sturdy.schedule(%s, queue => 'lim-prio', priority => %s)",
+                              (f"hot-{i}", 1 + i % 3))
+                    with lock:
+                        scheduled.append((f"hot-{i}", len(order)))
+                    time.sleep(0.02)
+                time.sleep(0.2)
+        finally:
+            stop.set()
+
+    start_and_join([Worker(target=take_loop) for _ in range(4)] + [Worker(target=produce)])
+    late = []
+    for name, taken_before in scheduled:
+        assert name in order, f"{name} was never taken"
+        # default rows handed out after its schedule committed, before it
+        behind = [w for w in order[taken_before:order.index(name)] if w.startswith("lp-")]
+        late.append(len(behind))
+    print(f"     {len(order)} takes; default rows handed out ahead of a prioritized one: at most {max(late)}")
+    assert max(late) <= 8, f"a prioritized row waited behind {max(late)} default rows"

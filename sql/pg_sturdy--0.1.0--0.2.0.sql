@@ -49,6 +49,9 @@ COMMENT ON COLUMN sturdy.queue.leased_until IS
 -- sql/queue.sql): every row of 0.1.0 has the default priority and no key.
 ALTER TABLE sturdy.queue ADD COLUMN priority integer NOT NULL DEFAULT 0, ADD COLUMN key text COLLATE "C";
 CREATE INDEX queue_prioritized ON sturdy.queue (queue, priority, visible_at, seq) WHERE priority > 0;
+-- The rows with a key, by key: a per-key limit's places of keys that have
+-- none left go with sweep (src/queue/keyed.rs), found through this.
+CREATE INDEX queue_keyed ON sturdy.queue (queue, key) WHERE key IS NOT NULL;
 COMMENT ON COLUMN sturdy.queue.priority IS
     'Take hands out ready rows of a higher priority first (0, the default, last); set by schedule, kept by wake_at and arrive.';
 COMMENT ON COLUMN sturdy.queue.key IS
@@ -748,3 +751,9 @@ REVOKE ALL ON ALL ROUTINES IN SCHEMA sturdy FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA sturdy FROM PUBLIC;
 REVOKE ALL ON SCHEMA sturdy FROM PUBLIC;
 
+
+-- sweep also trims the per_key limit's places of keys gone from their queue
+-- (src/compose/sweep.rs): one more kind in its result.
+ALTER FUNCTION sturdy.sweep(interval, integer) ROWS 7;
+COMMENT ON FUNCTION sturdy.sweep(older_than interval, max integer) IS
+    'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, at most max expired idempotency keys, and the free per_key places of at most max keys with no row left in their queue. Counts per kind; call it again (pg_cron) until the counts are zero.';

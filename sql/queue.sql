@@ -46,6 +46,9 @@ CREATE INDEX queue_visible ON sturdy.queue (queue, visible_at, seq);
 -- level's ready rows in take's order. Partial: a queue without priorities
 -- writes no entry here, and its takes never read it.
 CREATE INDEX queue_prioritized ON sturdy.queue (queue, priority, visible_at, seq) WHERE priority > 0;
+-- The rows with a key, by key: a per-key limit's places of keys that have
+-- none left go with sweep (src/queue/keyed.rs), found through this.
+CREATE INDEX queue_keyed ON sturdy.queue (queue, key) WHERE key IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_seq', '');
 COMMENT ON SEQUENCE sturdy.queue_seq IS 'sturdy.queue.seq (kept by pg_dump, so new rows come after the restored ones).';

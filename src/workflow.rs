@@ -34,7 +34,7 @@
 use pg_sturdy_macros::sql_function;
 use pgrx::datum::Interval;
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
-use pgrx::{IntoDatum, pg_sys};
+use pgrx::pg_sys;
 
 use crate::args::{self, Name};
 use crate::datum::{Jsonb, Text};
@@ -436,15 +436,12 @@ pub(crate) fn move_instance(
     .is_some())
 }
 
-/// Returns its rows through the call.
-#[sql_function(
-    "sturdy.sweep(older_than interval DEFAULT '7 days', max integer DEFAULT 1000)
-     RETURNS TABLE (kind text, deleted bigint) VOLATILE PARALLEL UNSAFE ROWS 6",
-    comment = "Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, and at most max expired idempotency keys. Counts per kind; call it again (pg_cron) until the counts are zero."
-)]
-fn sweep(call: &Args, older_than: Option<Interval>, max: Option<i32>) -> Result<()> {
-    let older_than = args::lease("older_than", older_than)?;
-    let max = args::positive("max", max)?;
+/// One bounded batch of `sweep` (see `compose`'s `sweep`, the SQL
+/// function): at most `max` instances finished before `now() -
+/// older_than` with their checkpoints, claims and queue rows, at most `max`
+/// outbox messages that old whose deliveries are all done, and at most
+/// `max` expired idempotency keys. How many of each kind went.
+pub(crate) fn sweep_batch(older_than: Interval, max: i32) -> Result<[(&'static str, i64); 6]> {
     let counts = plan::run_generic(&SWEEP_INSTANCES, &[older_than.into(), max.into()], |rows| {
         Ok([1, 2, 3, 4].map(|col| rows.get::<i64>(0, col).unwrap_or(0)))
     })?;
@@ -454,20 +451,14 @@ fn sweep(call: &Args, older_than: Option<Interval>, max: Option<i32>) -> Result<
     let keys = plan::run_generic(&SWEEP_KEYS, &[max.into()], |rows| {
         Ok(rows.get::<i64>(0, 1).unwrap_or(0))
     })?;
-    let kinds = [
+    Ok([
         ("instances", counts[0]),
         ("checkpoints", counts[1]),
         ("claims", counts[2]),
         ("queue", counts[3]),
         ("outbox", outbox),
         ("idempotency_keys", keys),
-    ];
-    let rows: Vec<[Option<pg_sys::Datum>; 2]> = kinds
-        .iter()
-        .map(|(kind, n)| [kind.into_datum(), n.into_datum()])
-        .collect();
-    let rows: Vec<&[Option<pg_sys::Datum>]> = rows.iter().map(|r| &r[..]).collect();
-    plan::return_rows(call, &rows)
+    ])
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -33,9 +33,18 @@ pub(super) struct Index {
     /// Its key columns' attribute numbers, in order.
     pub(super) keys: Vec<pg_sys::AttrNumber>,
     pub(super) unique: bool,
-    /// A partial index on `WHERE <this attribute> > 0` (an `integer`
-    /// column): a row version gets an entry only where its value is above 0.
-    pub(super) positive: Option<pg_sys::AttrNumber>,
+    /// A partial index's predicate, where it has one.
+    pub(super) only: Option<Only>,
+}
+
+/// The partial indexes a call here keeps: a row version gets an entry only
+/// where its attribute (an attribute number) is
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(super) enum Only {
+    /// above 0 (an `integer` column, `WHERE a > 0`);
+    Positive(pg_sys::AttrNumber),
+    /// not NULL (`WHERE a IS NOT NULL`).
+    NotNull(pg_sys::AttrNumber),
 }
 
 /// An attribute of the table, for an insert.
@@ -136,18 +145,18 @@ pub(super) unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shap
                 return None;
             }
             let predicate = pg_sys::RelationGetIndexPredicate(index.0);
-            let positive = if predicate.is_null() {
+            let only = if predicate.is_null() {
                 None
             } else {
-                // the one predicate an entry can be decided on here, else
-                // only a statement can keep the index
-                Some(positive_only(predicate).filter(|_| !form.indisunique)?)
+                // a predicate an entry can be decided on here, else only a
+                // statement can keep the index
+                Some(only_where(predicate).filter(|_| !form.indisunique)?)
             };
             indexes.push(Index {
                 oid,
                 keys,
                 unique: form.indisunique,
-                positive,
+                only,
             });
         }
         let desc = (*rel.0).rd_att;
@@ -195,14 +204,14 @@ pub(super) unsafe fn shape(relid: pg_sys::Oid, columns: &[&CStr]) -> Option<Shap
     }
 }
 
-/// The attribute `a` of an index predicate that is exactly `a > 0` with
-/// `a` an `integer` column (`sturdy.queue`'s `queue_prioritized`); `None`
-/// for any other.
+/// An index predicate that is exactly `a > 0` with `a` an `integer`
+/// column (`sturdy.queue`'s `queue_prioritized`), or `a IS NOT NULL`;
+/// `None` for any other.
 ///
 /// # Safety
 /// `predicate` is an index's predicate as the relation cache gives it (a
 /// list of clauses, their functions set).
-unsafe fn positive_only(predicate: *mut pg_sys::List) -> Option<pg_sys::AttrNumber> {
+unsafe fn only_where(predicate: *mut pg_sys::List) -> Option<Only> {
     // SAFETY: within the contract above: nodes of a planned expression, read
     // by their tags before their casts.
     unsafe {
@@ -210,31 +219,40 @@ unsafe fn positive_only(predicate: *mut pg_sys::List) -> Option<pg_sys::AttrNumb
             return None;
         }
         let clause = (*(*predicate).elements).ptr_value.cast::<pg_sys::Node>();
-        if (*clause).type_ != pg_sys::NodeTag::T_OpExpr {
-            return None;
+        let column = |node: *mut pg_sys::Node| {
+            ((*node).type_ == pg_sys::NodeTag::T_Var)
+                .then(|| node.cast::<pg_sys::Var>())
+                .filter(|v| (**v).varattno > 0 && (**v).varlevelsup == 0)
+        };
+        match (*clause).type_ {
+            pg_sys::NodeTag::T_NullTest => {
+                let test = clause.cast::<pg_sys::NullTest>();
+                let var = column((*test).arg.cast())?;
+                ((*test).nulltesttype == pg_sys::NullTestType::IS_NOT_NULL && !(*test).argisrow)
+                    .then_some(Only::NotNull((*var).varattno))
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = clause.cast::<pg_sys::OpExpr>();
+                if pg_sys::get_opcode((*op).opno) != pg_sys::Oid::from(pg_sys::F_INT4GT)
+                    || (*op).args.is_null()
+                    || (*(*op).args).length != 2
+                {
+                    return None;
+                }
+                let var = column((*(*(*op).args).elements).ptr_value.cast())?;
+                let right = (*(*(*op).args).elements.add(1)).ptr_value.cast::<pg_sys::Node>();
+                if (*right).type_ != pg_sys::NodeTag::T_Const {
+                    return None;
+                }
+                let constant = right.cast::<pg_sys::Const>();
+                ((*var).vartype == pg_sys::INT4OID
+                    && (*constant).consttype == pg_sys::INT4OID
+                    && !(*constant).constisnull
+                    && (*constant).constvalue.value() as i32 == 0)
+                    .then_some(Only::Positive((*var).varattno))
+            }
+            _ => None,
         }
-        let op = clause.cast::<pg_sys::OpExpr>();
-        if pg_sys::get_opcode((*op).opno) != pg_sys::Oid::from(pg_sys::F_INT4GT)
-            || (*op).args.is_null()
-            || (*(*op).args).length != 2
-        {
-            return None;
-        }
-        let left = (*(*(*op).args).elements).ptr_value.cast::<pg_sys::Node>();
-        let right = (*(*(*op).args).elements.add(1))
-            .ptr_value
-            .cast::<pg_sys::Node>();
-        if (*left).type_ != pg_sys::NodeTag::T_Var || (*right).type_ != pg_sys::NodeTag::T_Const {
-            return None;
-        }
-        let var = left.cast::<pg_sys::Var>();
-        let constant = right.cast::<pg_sys::Const>();
-        ((*var).vartype == pg_sys::INT4OID
-            && (*var).varattno > 0
-            && (*constant).consttype == pg_sys::INT4OID
-            && !(*constant).constisnull
-            && (*constant).constvalue.value() as i32 == 0)
-            .then_some((*var).varattno)
     }
 }
 

@@ -302,13 +302,22 @@ pub(super) unsafe fn index_entries(
         let mut tid = (*slot).tts_tid;
         let mut unique = true;
         for entry in &shape.indexes {
-            if let Some(attnum) = entry.positive {
-                // a partial index's predicate, `attnum > 0`, decided here
-                let mut null = false;
-                let value = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
-                if null || value.value() as i32 <= 0 {
-                    continue;
+            // a partial index's predicate, decided here
+            let mut null = false;
+            match entry.only {
+                Some(Only::Positive(attnum)) => {
+                    let value = pg_sys::slot_getattr(slot, attnum.into(), &mut null);
+                    if null || value.value() as i32 <= 0 {
+                        continue;
+                    }
                 }
+                Some(Only::NotNull(attnum)) => {
+                    pg_sys::slot_getattr(slot, attnum.into(), &mut null);
+                    if null {
+                        continue;
+                    }
+                }
+                None => {}
             }
             let opened;
             let index = if entry.oid == shape.pkey && !pkey.is_null() {

@@ -12,4 +12,5 @@
 mod fenced;
 mod finish;
 mod scheduled;
+mod sweep;
 mod take;

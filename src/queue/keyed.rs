@@ -216,3 +216,32 @@ pub(super) fn take(
     }
     Ok(handed)
 }
+
+/// The places of keys with no row left in their queue, free (no receipt,
+/// or a passed one), at most `$1` keys': deleted. A take that meets such a
+/// key again makes its places again.
+static SWEEP_PLACES: Statement = Statement {
+    sql: "WITH gone AS (
+              SELECT p.queue, p.key FROM sturdy.queue_key_places p
+               WHERE p.place OPERATOR(pg_catalog.=) 1
+                 AND NOT EXISTS (SELECT FROM sturdy.queue q
+                                  WHERE q.queue OPERATOR(pg_catalog.=) p.queue AND q.key OPERATOR(pg_catalog.=) p.key)
+                 AND NOT EXISTS (SELECT FROM sturdy.queue_key_places h
+                                  WHERE h.queue OPERATOR(pg_catalog.=) p.queue AND h.key OPERATOR(pg_catalog.=) p.key
+                                    AND h.receipt OPERATOR(pg_catalog.>) pg_catalog.now())
+               LIMIT $1),
+          deleted AS (
+              DELETE FROM sturdy.queue_key_places p USING gone g
+               WHERE p.queue OPERATOR(pg_catalog.=) g.queue AND p.key OPERATOR(pg_catalog.=) g.key
+                 AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) pg_catalog.now())
+              RETURNING p.queue, p.key)
+          SELECT pg_catalog.count(*) FROM (SELECT DISTINCT queue, key FROM deleted) d",
+    args: &[pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+/// `sweep`'s batch of per-key places: how many keys' places went.
+pub(crate) fn sweep_key_places(max: i32) -> Result<i64> {
+    Ok(run_one(&SWEEP_PLACES, &[max.into()], first_value::<i64>)?.unwrap_or(0))
+}

@@ -77,6 +77,7 @@ mod tests {
 }
 
 pub(crate) use done::Removal;
+pub(crate) use keyed::sweep_key_places;
 use floor::*;
 pub(crate) use limits::ended;
 pub use schedule::schedule_at;

@@ -82,6 +82,8 @@ CREATE PROCEDURE public.ht_reset() LANGUAGE sql AS $$
       FROM pg_catalog.unnest(ARRAY['sturdy.instances_id_seq', 'sturdy.outbox_id_seq',
                                    'sturdy.deliveries_id_seq']::pg_catalog.regclass[]) s;
     UPDATE public.ht SET status = 1;
+    -- limits through their functions, which tell every backend's cache
+    SELECT sturdy.resume('ht-queue'); SELECT sturdy.limit_queue('ht-queue');
 $$;
 CALL public.ht_reset();
 -- what pg_sturdy reads besides its own relations
