@@ -37,11 +37,15 @@ SELECT * FROM sturdy.batch_tick('move');
 SELECT * FROM sturdy.batch('public.backlog', 'moved = true', 'NOT moved', chunk => 500);
 SELECT sturdy.limit_queue('dump-q', running => 2, per_second => 50, burst => 5);
 SELECT sturdy.pause('paused-q');
+SELECT sturdy.schedule('keyed-' || i, now() - interval '1 minute', 'keyed-q', priority => i % 3, key => 'tenant-' || (i % 4))
+  FROM generate_series(1, 12) i;
+SELECT sturdy.limit_queue('keyed-q', per_key => 1);
+SELECT count(*) FROM sturdy.take('keyed-q', max => 2);
 """
 
 # every table the extension keeps, and the unlogged hints it does not
 KEPT = ["claims", "checkpoints", "queue", "subscriptions", "outbox", "deliveries", "instances",
-        "idempotency_keys", "batches", "queue_limits", "queue_places"]
+        "idempotency_keys", "batches", "queue_limits", "queue_places", "queue_key_places"]
 
 
 def run(*cmd):
@@ -132,6 +136,12 @@ def test_the_limits_hold_after_the_restore(dumped):
     got = c.execute("SELECT count(*) FROM sturdy.take('dump-q', max => 10)").fetchone()[0]
     paused = c.execute("SELECT count(*) FROM sturdy.take('paused-q')").fetchone()[0]
     assert (got, paused) == (2, 0), f"running 2 handed out {got}; the paused queue {paused}"
+    # per_key 1 over four keys, two held across the dump: the other two
+    # keys' highest-priority rows now, nothing more of the held ones
+    keyed = c.execute("SELECT string_agg(q.key || ':' || q.priority, ',' ORDER BY q.key)"
+                      " FROM sturdy.take('keyed-q', max => 12) t"
+                      " JOIN sturdy.queue q ON q.queue = 'keyed-q' AND q.workflow = t.workflow").fetchone()[0]
+    assert keyed == "tenant-0:2,tenant-3:2", f"per_key 1 after the restore handed out {keyed}"
 
 
 def test_unlogged_wakeup_hints_are_not_restored(dumped):

@@ -110,7 +110,7 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("transition", "SELECT sturdy.transition(%s, 'pending', 'running')", iid) == (True,)
     assert call("stuck", "SELECT count(*) FROM sturdy.stuck('1 hour')") == (0,)
     assert call("sweep", "SELECT string_agg(kind, ',' ORDER BY kind) FROM sturdy.sweep('7 days', 10)") == \
-        ("checkpoints,claims,idempotency_keys,instances,outbox,queue",)
+        ("checkpoints,claims,idempotency_keys,instances,key_places,outbox,queue",)
     assert call("batch", "SELECT done FROM sturdy.batch('pooled_app.rows', 'state = $1', 'state = $2',"
                 " ARRAY['half', 'new'], 25)") == (25,)
     call("batch_start", "SELECT sturdy.batch_start('pooled-job', 'pooled_app.rows', 'state = $1', 'state = $2',"
@@ -283,6 +283,26 @@ def test_the_idle_mark_is_read_again_for_the_next_client(bouncer):
     assert ("sturdy", "pooled-mark") in got, got
 
 
+def test_a_queue_found_without_priorities_is_looked_at_again_for_the_next_client(bouncer):
+    """Client A's takes find the queue without prioritized rows (and this
+    backend remembers it); another connection schedules one at priority 3;
+    client C's take on the same backend hands it out before the older
+    default rows."""
+    a, c = bouncer.connect(ONE_BACKEND), bouncer.connect(ONE_BACKEND)
+    pid = backend_of(a)
+    a.execute("DELETE FROM sturdy.queue WHERE queue = 'pooled-prio'")
+    a.execute("SELECT sturdy.schedule('pp-' || i, now() - interval '1 minute', 'pooled-prio')"
+              " FROM generate_series(1, 5) i")
+    w, receipt, _ = a.execute("SELECT * FROM sturdy.take('pooled-prio')").fetchone()
+    a.execute("SELECT sturdy.done(%s, %s, 'pooled-prio')", (w, receipt))
+    with connect() as other:
+        other.execute("SELECT sturdy.schedule('pp-urgent', now(), 'pooled-prio', priority => 3)")
+    assert backend_of(c) == pid
+    assert c.execute("SELECT workflow FROM sturdy.take('pooled-prio')").fetchone() == ("pp-urgent",)
+    for x in (a, c):
+        x.close()
+
+
 def test_the_last_takes_row_is_only_a_shortcut_for_the_next_client(bouncer):
     """Client A takes a row (the backend keeps where its leased version
     lives); client B reschedules it; client C's done with A's receipt on
@@ -310,7 +330,8 @@ def test_privileges_are_asked_again_for_another_role_on_the_same_backend(bouncer
             fresh_role(c, role)
         c.execute("SELECT sturdy.grant_usage('sturdy_pooled_granted')")
         c.execute("GRANT USAGE ON SCHEMA sturdy TO sturdy_pooled_nobody")
-        c.execute("GRANT EXECUTE ON FUNCTION sturdy.schedule(text, timestamptz, text) TO sturdy_pooled_nobody")
+        c.execute("GRANT EXECUTE ON FUNCTION sturdy.schedule(text, timestamptz, text, integer, text)"
+                  " TO sturdy_pooled_nobody")
         c.execute("DELETE FROM sturdy.queue WHERE queue = 'pooled-roles'")
     a = bouncer.connect(ONE_BACKEND)
 

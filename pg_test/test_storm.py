@@ -43,8 +43,10 @@ def storm(seed, counts, lock):
             q = f"q{rng.randrange(3)}"
             try:
                 kind = rng.randrange(8)
-                if kind == 0:  # schedule: a new key, or onto a row there
-                    c.execute("SELECT sturdy.schedule(%s, now() - interval '1 second', %s)", (w, q))
+                if kind == 0:  # schedule: a new key, or onto a row there; some with a
+                    # priority (an entry in queue_prioritized, or one gone from it) or a key
+                    c.execute("SELECT sturdy.schedule(%s, now() - interval '1 second', %s, %s, %s)",
+                              (w, q, rng.choice([0, 0, 0, 1, 2]), rng.choice([None, None, "k1", "k2"])))
                 elif kind == 1:  # a pass: take with a claim, record, finish
                     row = c.execute("SELECT workflow, receipt, token FROM sturdy.take(%s, '1 minute', 1, true)",
                                     (q,)).fetchone()
@@ -115,12 +117,13 @@ def test_a_storm_through_every_fast_call_leaves_every_index_whole():
         print(f"     {sum(counts)} rows done or finished by {WORKERS} workers; left: {rows}")
         assert sum(counts) > WORKERS * 10, f"the storm did little: {counts}"
         indexes = c.execute(
-            "SELECT i.indexrelid::regclass::text, i.indrelid::regclass::text FROM pg_index i"
+            "SELECT i.indexrelid::regclass::text, i.indrelid::regclass::text,"
+            " coalesce(pg_get_expr(i.indpred, i.indrelid), 'true') FROM pg_index i"
             " JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = t.relnamespace"
             " WHERE n.nspname = 'sturdy' AND t.relname = ANY (%s) ORDER BY 1", (TABLES,)).fetchall()
         assert len(indexes) >= 4 + len(OWN_INDEXES), indexes
         problems = []
-        for index, _ in indexes:
+        for index, _, _ in indexes:
             try:
                 c.execute("SELECT bt_index_parent_check(%s::regclass, heapallindexed => true)", (index,))
             except psycopg.Error as e:
@@ -133,17 +136,19 @@ def test_a_storm_through_every_fast_call_leaves_every_index_whole():
         c.execute("SET enable_seqscan = off")
         c.execute("SET enable_bitmapscan = off")
         c.execute("SET enable_indexonlyscan = off")
-        for index, table in indexes:
+        # (a partial index against the rows its predicate admits)
+        for index, table, where in indexes:
             keys = c.execute("SELECT pg_get_indexdef(%s::regclass)", (index,)).fetchone()[0]
+            keys = keys.split(" WHERE ")[0]
             cols = keys[keys.rindex("(") + 1:keys.rindex(")")]
-            query = f"SELECT ctid::text FROM {table} ORDER BY {cols}"
+            query = f"SELECT ctid::text FROM {table} WHERE {where} ORDER BY {cols}"
             plan = "\n".join(r[0] for r in c.execute("EXPLAIN " + query))
             if index.split(".")[-1] not in plan:
                 problems.append(f"{index}: the planner would not scan it ({plan.splitlines()[0]})")
                 continue
             by_index = sorted(r[0] for r in c.execute(query))
             c.execute("RESET enable_seqscan")
-            by_heap = sorted(r[0] for r in c.execute(f"SELECT ctid::text FROM {table}"))
+            by_heap = sorted(r[0] for r in c.execute(f"SELECT ctid::text FROM {table} WHERE {where}"))
             c.execute("SET enable_seqscan = off")
             if by_index != by_heap:
                 missing, extra = set(by_heap) - set(by_index), set(by_index) - set(by_heap)

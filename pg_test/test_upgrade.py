@@ -152,6 +152,16 @@ def test_old_and_new_functions_work_after_the_update(fresh, updated):
         "the running limit after the update"
     assert c.execute("SELECT sturdy.pause('up-lim')").fetchone()[0]
     assert c.execute("SELECT paused FROM sturdy.queue_stats WHERE queue = 'up-lim'").fetchone()[0]
+    # priorities and keys on the updated schema: every row of 0.1.0 at the
+    # default priority, without a key; a prioritized row goes first, and
+    # per_key holds a key to its limit
+    assert c.execute("SELECT count(*) FROM sturdy.queue WHERE priority <> 0 OR key IS NOT NULL").fetchone()[0] == 0
+    c.execute("SELECT sturdy.schedule('pk-' || i, now() - interval '1 minute', 'up-keyed', key => 'k')"
+              " FROM generate_series(1, 3) i")
+    c.execute("SELECT sturdy.schedule('pk-hot', now(), 'up-keyed', priority => 4, key => 'other')")
+    c.execute("SELECT sturdy.limit_queue('up-keyed', per_key => 1)")
+    got = [r[0] for r in c.execute("SELECT workflow FROM sturdy.take('up-keyed', max => 5)")]
+    assert sorted(got) == ["pk-1", "pk-hot"], f"took {got}"
 
 
 @pytest.mark.parametrize("version", RELEASED)

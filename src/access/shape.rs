@@ -240,7 +240,9 @@ unsafe fn only_where(predicate: *mut pg_sys::List) -> Option<Only> {
                     return None;
                 }
                 let var = column((*(*(*op).args).elements).ptr_value.cast())?;
-                let right = (*(*(*op).args).elements.add(1)).ptr_value.cast::<pg_sys::Node>();
+                let right = (*(*(*op).args).elements.add(1))
+                    .ptr_value
+                    .cast::<pg_sys::Node>();
                 if (*right).type_ != pg_sys::NodeTag::T_Const {
                     return None;
                 }

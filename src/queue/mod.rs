@@ -77,8 +77,8 @@ mod tests {
 }
 
 pub(crate) use done::Removal;
-pub(crate) use keyed::sweep_key_places;
 use floor::*;
+pub(crate) use keyed::sweep_key_places;
 pub(crate) use limits::ended;
 pub use schedule::schedule_at;
 use sql::*;

@@ -111,6 +111,7 @@ pub fn schedule_at(
     comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done), at priority (take hands out higher first; 0 or above) and in the group key for the queue's per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit."
 )]
 fn schedule(
+    call: &Args,
     workflow: Option<Text>,
     visible_at: Option<TimestampWithTimeZone>,
     queue: Option<Text>,
@@ -120,7 +121,12 @@ fn schedule(
     let workflow = args::name("workflow", workflow)?;
     let visible_at = args::required("visible_at", visible_at)?;
     let queue = args::name("queue", queue)?;
-    let priority = args::required("priority", priority)?;
+    // (0.1.0's schedule has neither: served until ALTER EXTENSION UPDATE)
+    let priority = if call.given(3) {
+        args::required("priority", priority)?
+    } else {
+        0
+    };
     if priority < 0 {
         return Err(Error::Invalid {
             arg: "priority",
