@@ -114,7 +114,7 @@ def main():
                 rates = {name: [] for name, *_ in CASES}
                 for _ in range(REPS):
                     for name, script, queue, _, _ in CASES:
-                        psql("VACUUM sturdy.queue, sturdy.queue_places, sturdy.queue_key_places, sturdy.queue_limits,"
+                        psql("VACUUM ANALYZE sturdy.queue, sturdy.queue_places, sturdy.queue_key_places, sturdy.queue_limits,"
                              " seed.workflow_queue, seed.queue_running, seed.keyed_queue, seed.key_running")
                         rates[name].append(cycles(script, queue, regime, clients))
                 for name, _, _, _, base in CASES:

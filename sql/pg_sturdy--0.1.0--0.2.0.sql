@@ -58,8 +58,7 @@ COMMENT ON COLUMN sturdy.queue.key IS
     'The group the row belongs to for the queue''s per_key limit (a tenant, an account); NULL: not limited per key.';
 CREATE SEQUENCE sturdy.queue_priorities;
 COMMENT ON SEQUENCE sturdy.queue_priorities IS
-    'Bumped when a transaction that scheduled a row with a priority commits: takes that knew a queue had none look again.';
-SELECT pg_catalog.nextval('sturdy.queue_priorities');
+    'A signal: its relcache invalidation, sent by the commit of a transaction that scheduled a row with a priority, tells takes that knew a queue had none to look again.';
 -- Flow control (src/queue/limits.rs): a queue's limits, set by limit_queue,
 -- pause and resume; a queue without a row here has none, and its takes never
 -- read this table (a backend keeps what it read until the table's next

@@ -84,14 +84,15 @@ COMMENT ON COLUMN sturdy.queue.priority IS
 COMMENT ON COLUMN sturdy.queue.key IS
     'The group the row belongs to for the queue''s per_key limit (a tenant, an account); NULL: not limited per key.';
 
--- Bumped at the commit of every transaction that scheduled a row with a
--- priority: a backend that found a queue without prioritized rows looks
--- again once it moves (src/queue/priority.rs). A sequence: not
--- transactional, no dead tuples.
+-- A signal, never advanced: a transaction that schedules a row with a
+-- priority sends a relcache invalidation of this relation, delivered to
+-- every backend after its commit, and a backend that found a queue without
+-- prioritized rows looks again once it has taken that in
+-- (src/queue/priority.rs). A relation nothing else reads or writes, so the
+-- invalidation costs the backends nothing else.
 CREATE SEQUENCE sturdy.queue_priorities;
 COMMENT ON SEQUENCE sturdy.queue_priorities IS
-    'Bumped when a transaction that scheduled a row with a priority commits: takes that knew a queue had none look again.';
-SELECT pg_catalog.nextval('sturdy.queue_priorities');
+    'A signal: its relcache invalidation, sent by the commit of a transaction that scheduled a row with a priority, tells takes that knew a queue had none to look again.';
 
 -- Which queues have a worker waiting: a take that found nothing leaves a mark,
 -- and the next schedule that makes a row ready there removes it and sends the

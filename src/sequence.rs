@@ -30,27 +30,6 @@ thread_local! {
     /// What each sequence was found to be since the last change to `pg_class`.
     static KNOWN: RefCell<Vec<(*const Sequence, Known)>> = const { RefCell::new(Vec::new()) };
     static WATCHING: Cell<bool> = const { Cell::new(false) };
-    /// The sequences to advance as the transaction commits.
-    static AT_COMMIT: RefCell<Vec<&'static Sequence>> = const { RefCell::new(Vec::new()) };
-    static HOOKED: Cell<bool> = const { Cell::new(false) };
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn at_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
-    match event {
-        // still inside the transaction, after its deferred triggers: the
-        // last moment a write of ours can be part of it
-        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT | pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE => {
-            let due = AT_COMMIT.with(|a| std::mem::take(&mut *a.borrow_mut()));
-            for sequence in due {
-                sequence.advance();
-            }
-        }
-        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_COMMIT => {
-            AT_COMMIT.with(|a| a.borrow_mut().clear());
-        }
-        _ => {}
-    }
 }
 
 #[pgrx::pg_guard]
@@ -127,26 +106,6 @@ impl Sequence {
             None => call(pg_sys::pg_sequence_last_value, oid),
         };
         Some((oid, value))
-    }
-
-    /// Advance the sequence as this transaction commits (once, however
-    /// often asked; not at all if it aborts): the sequence moves once the
-    /// transaction's writes are all made, so a backend that reads the new
-    /// value and then takes a snapshot sees them (a snapshot taken between
-    /// the advance and the commit does not: a reader must allow for that).
-    pub fn advance_at_commit(&'static self) {
-        if !HOOKED.with(Cell::get) {
-            // SAFETY: registered once per backend; the callback touches only
-            // this module's state and our sequences.
-            unsafe { pg_sys::RegisterXactCallback(Some(at_end), std::ptr::null_mut()) };
-            HOOKED.with(|h| h.set(true));
-        }
-        AT_COMMIT.with(|a| {
-            let mut a = a.borrow_mut();
-            if !a.iter().any(|s| std::ptr::eq(*s, self)) {
-                a.push(self);
-            }
-        });
     }
 
     /// Advance the sequence, as `nextval` does; `None` where it does not

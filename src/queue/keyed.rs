@@ -53,9 +53,11 @@ static TAKE_KEYED: Statement = Statement {
                           AND (q.key IS NULL
                                OR EXISTS (SELECT FROM sturdy.queue_key_places p
                                            WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                             AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4))
+                                             AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                                          OFFSET 0)
                                OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
-                                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key))
+                                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                                              OFFSET 0))
                         ORDER BY q.visible_at, q.seq
                         LIMIT $3 OPERATOR(pg_catalog.*) 4 OPERATOR(pg_catalog.+) 8) r
                     WHERE l.p IS NOT NULL)
@@ -63,13 +65,16 @@ static TAKE_KEYED: Statement = Statement {
                   (SELECT q.ctid, q.key FROM sturdy.queue q
                     WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) 0
                       AND q.visible_at OPERATOR(pg_catalog.<=) $4
+                      AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ('-infinity'::pg_catalog.timestamptz, 0)
                       AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
                       AND (q.key IS NULL
                            OR EXISTS (SELECT FROM sturdy.queue_key_places p
                                        WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                         AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4))
+                                         AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                                      OFFSET 0)
                            OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
-                                           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key))
+                                           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                                          OFFSET 0))
                     ORDER BY q.visible_at, q.seq
                     LIMIT $3 OPERATOR(pg_catalog.*) 4 OPERATOR(pg_catalog.+) 8)
                   LIMIT $3 OPERATOR(pg_catalog.*) 4 OPERATOR(pg_catalog.+) 8) s),
@@ -90,9 +95,8 @@ static TAKE_KEYED: Statement = Statement {
           locked AS MATERIALIZED (
               SELECT q.ctid, q.workflow, q.key FROM sturdy.queue q
                WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM chosen))
-                 AND q.queue OPERATOR(pg_catalog.=) $1
-                 AND q.visible_at OPERATOR(pg_catalog.<=) $4
-                 AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
+                 AND (q.queue OPERATOR(pg_catalog.=) $1 AND q.visible_at OPERATOR(pg_catalog.<=) $4
+                      AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)) IS TRUE
                  FOR UPDATE SKIP LOCKED),
           places AS MATERIALIZED (
               SELECT k.key, pl.places FROM (

@@ -12,68 +12,71 @@
 //! whole default level to reach them, or order the default level's index
 //! by priority, which every take of every queue would pay for.
 //!
-//! A queue without prioritized rows pays nothing for this but the read of
-//! one sequence: each backend remembers, per queue, that it found none
-//! there ([`NONE_FOUND`]), with the value of `sturdy.queue_priorities` it
-//! read before looking. A transaction that schedules a row with a priority
-//! bumps that sequence as it commits (a pre-commit callback), so every take
-//! that starts after the commit looks again. A take whose look raced the
-//! commit (it read the sequence after the bump and looked with a snapshot
-//! from before the commit became visible, or in a repeatable-read
-//! transaction older than it) may pass over the new rows: every backend
-//! looks again at least every [`LOOK_AGAIN`] whatever the sequence says.
+//! A queue without prioritized rows pays nothing for this but a check of a
+//! relcache-invalidation mark: each backend remembers, per queue, that it
+//! found none there ([`NONE_FOUND`]), under the mark of
+//! `sturdy.queue_priorities` ([`SIGNAL`]) it read before looking. A
+//! transaction that schedules a row with a priority sends a relcache
+//! invalidation of that sequence, which PostgreSQL delivers to every
+//! backend after the commit is visible; a take that starts after it has
+//! taken it in (every statement start does) and looks again. A take in a
+//! repeatable-read transaction that began before the commit, whose
+//! snapshot cannot see the row, remembers "none" under the new mark: every
+//! backend looks again at least every [`LOOK_AGAIN`] whatever the mark
+//! says.
 
 use super::*;
-use crate::sequence::Sequence;
 
-/// Bumped by the commit of a transaction that scheduled a prioritized row.
-static PRIORITIES: Sequence = Sequence::new(c"sturdy", c"queue_priorities");
+/// The relation whose relcache invalidation says "a row with a priority
+/// was scheduled": a sequence nothing else reads or writes, so the
+/// invalidation costs the backends nothing but their marks.
+static SIGNAL: access::Table = access::Table::new(c"sturdy", c"queue_priorities", &[]);
 
 /// How long a backend goes by having found a queue without prioritized
-/// rows, the sequence unmoved, before it looks again.
+/// rows, the mark unchanged, before it looks again.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
 /// Queues a backend remembers; past this many it forgets them all.
 const KEPT: usize = 1024;
 
 thread_local! {
-    /// Per queue: the value of the sequence under which this backend found
-    /// no prioritized row there, and when.
-    static NONE_FOUND: RefCell<HashMap<Vec<u8>, (i64, Instant)>> = RefCell::new(HashMap::new());
+    /// Per queue: the mark under which this backend found no prioritized
+    /// row there, and when.
+    static NONE_FOUND: RefCell<HashMap<Vec<u8>, (access::Mark, Instant)>> = RefCell::new(HashMap::new());
 }
 
-/// A row of `queue` was scheduled with a priority: the sequence moves as
-/// this transaction commits, and this backend's own takes look at once.
+/// A row of `queue` was scheduled with a priority: every backend looks
+/// again once this transaction commits, and this one at once.
 pub(super) fn scheduled(queue: Name) {
-    PRIORITIES.advance_at_commit();
+    SIGNAL.invalidate();
     NONE_FOUND.with(|n| n.borrow_mut().remove(queue.bytes()));
 }
 
-/// Whether a take of `queue` is to look for prioritized rows; with the
-/// sequence's value to remember a look that finds none by. `None` where
-/// the schema has no priorities (0.1.0's).
-pub(super) fn to_look(queue: Name) -> Option<i64> {
-    let counter = PRIORITIES.last_value()?;
+/// Whether a take of `queue` is to look for prioritized rows; with the mark
+/// to remember a look that finds none by. `None` where the schema has no
+/// priorities (0.1.0's).
+pub(super) fn to_look(queue: Name) -> Option<access::Mark> {
+    let mark = SIGNAL.mark()?;
     let known = NONE_FOUND.with(|n| {
         n.borrow()
             .get(queue.bytes())
-            .is_some_and(|&(c, at)| c == counter && at.elapsed() < LOOK_AGAIN)
+            .is_some_and(|&(m, at)| m == mark && at.elapsed() < LOOK_AGAIN)
     });
-    (!known).then_some(counter)
+    (!known).then_some(mark)
 }
 
-/// Remember that `queue` had no prioritized row under `counter`, or forget
+/// Remember that `queue` had no prioritized row under `mark`, or forget
 /// that it had none.
-pub(super) fn found(queue: Name, counter: i64, any: bool) {
+pub(super) fn found(queue: Name, mark: access::Mark, any: bool) {
     NONE_FOUND.with(|n| {
         let mut n = n.borrow_mut();
-        if any {
+        if any || !mark.keepable() {
             n.remove(queue.bytes());
         } else {
             if n.len() >= KEPT {
                 n.clear();
             }
-            n.insert(queue.bytes().to_vec(), (counter, Instant::now()));
+            n.insert(queue.bytes().to_vec(), (mark, Instant::now()));
         }
     });
 }
@@ -140,14 +143,14 @@ static TAKE_PRIORITIZED: Statement = Statement {
 };
 
 /// A take's prioritized rows: up to `max` leased, handed as `hand` asks
-/// and appended to the result of `call`; how many. `counter` is what
+/// and appended to the result of `call`; how many. `mark` is what
 /// [`to_look`] read.
 pub(super) fn take(
     call: &Args,
     queue: Name,
     lease: Interval,
     max: usize,
-    counter: i64,
+    mark: access::Mark,
     hand: Hand<'_>,
 ) -> Result<usize> {
     let due = pgrx::datum::now();
@@ -172,7 +175,7 @@ pub(super) fn take(
                 Ok((leased, missed, any))
             },
         )?;
-        found(queue, counter, any);
+        found(queue, mark, any);
         for (workflow, receipt) in &leased {
             let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
             let token = hand.each(workflow, *receipt, lease)?;

@@ -333,7 +333,7 @@ pub(crate) fn take(
     }
     // the rows above the default priority first, where there are any
     let first = match priority::to_look(queue) {
-        Some(counter) => priority::take(call, queue, lease, max as usize, counter, hand)?,
+        Some(mark) => priority::take(call, queue, lease, max as usize, mark, hand)?,
         None => 0,
     };
     if first >= max as usize {
