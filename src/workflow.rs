@@ -976,15 +976,15 @@ mod tests {
         };
         assert_eq!(
             sweep(2),
-            "checkpoints=2 claims=0 idempotency_keys=1 instances=2 outbox=0 queue=2"
+            "checkpoints=2 claims=0 idempotency_keys=1 instances=2 key_places=0 outbox=0 queue=2"
         );
         assert_eq!(
             sweep(2),
-            "checkpoints=1 claims=0 idempotency_keys=0 instances=1 outbox=0 queue=1"
+            "checkpoints=1 claims=0 idempotency_keys=0 instances=1 key_places=0 outbox=0 queue=1"
         );
         assert_eq!(
             sweep(2),
-            "checkpoints=0 claims=0 idempotency_keys=0 instances=0 outbox=0 queue=0"
+            "checkpoints=0 claims=0 idempotency_keys=0 instances=0 key_places=0 outbox=0 queue=0"
         );
         assert_eq!(
             text("SELECT string_agg(business_key, ',' ORDER BY id) FROM sturdy.instances")

@@ -147,6 +147,95 @@ static TAKE_KEYED: Statement = Statement {
     generic: true,
 };
 
+/// [`TAKE_KEYED`] for one row, the common take: the first ready row in
+/// take's order whose key looks to have a free place, locked `FOR UPDATE
+/// SKIP LOCKED` as it is found, then one free place of its key locked the
+/// same way; no window, no ranking. Same arguments and result.
+static TAKE_KEYED_ONE: Statement = Statement {
+    sql: concat!(
+        super::priority::levels!(),
+        ",
+          cand AS MATERIALIZED (
+              SELECT c.ctid, c.workflow, c.key FROM (
+                  SELECT a.ctid, a.workflow, a.key FROM (
+                      SELECT r.ctid, r.workflow, r.key FROM levels l CROSS JOIN LATERAL (
+                          SELECT ctid, workflow, key FROM sturdy.queue q
+                           WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) l.p
+                             AND q.priority OPERATOR(pg_catalog.>) 0
+                             AND q.visible_at OPERATOR(pg_catalog.<=) $4
+                             AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
+                             AND (q.key IS NULL
+                                  OR EXISTS (SELECT FROM sturdy.queue_key_places p
+                                              WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                                                AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                                             OFFSET 0)
+                                  OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
+                                                  WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                                                 OFFSET 0))
+                           ORDER BY q.visible_at, q.seq
+                           LIMIT 1
+                             FOR UPDATE SKIP LOCKED) r
+                       WHERE l.p IS NOT NULL
+                       LIMIT 1) a
+                  UNION ALL
+                  SELECT b.ctid, b.workflow, b.key FROM (
+                      SELECT q.ctid, q.workflow, q.key FROM sturdy.queue q
+                       WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) 0
+                         AND q.visible_at OPERATOR(pg_catalog.<=) $4
+                         AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ('-infinity'::pg_catalog.timestamptz, 0)
+                         AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
+                         AND (q.key IS NULL
+                              OR EXISTS (SELECT FROM sturdy.queue_key_places p
+                                          WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                                            AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                                         OFFSET 0)
+                              OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
+                                              WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                                             OFFSET 0))
+                       ORDER BY q.visible_at, q.seq
+                       LIMIT 1
+                         FOR UPDATE SKIP LOCKED) b) c
+               LIMIT 1),
+          place AS MATERIALIZED (
+              SELECT p.place FROM sturdy.queue_key_places p, cand c
+               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key
+                 AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+               ORDER BY p.place
+               LIMIT 1
+                 FOR UPDATE OF p SKIP LOCKED),
+          go AS MATERIALIZED (
+              SELECT c.ctid, c.workflow, c.key, (SELECT place FROM place) AS place FROM cand c
+               WHERE c.key IS NULL OR EXISTS (SELECT FROM place)),
+          taken AS (
+              UPDATE sturdy.queue AS q
+                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1
+               WHERE q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM go)
+              RETURNING q.workflow, q.leased_until AS receipt),
+          held AS (
+              UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
+                FROM taken t, go g
+               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
+                 AND p.place OPERATOR(pg_catalog.=) g.place)
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false FROM taken t
+          UNION ALL
+          SELECT NULL, NULL, NULL, c.key, false FROM cand c
+           WHERE c.key IS NOT NULL
+             AND NOT EXISTS (SELECT FROM sturdy.queue_key_places p
+                              WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key)
+          UNION ALL
+          SELECT NULL, NULL, NULL, NULL, true FROM go g WHERE NOT EXISTS (SELECT FROM taken)"
+    ),
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+        pg_sys::INT8OID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+    writes: true,
+    generic: true,
+};
+
 /// The places of keys met without any: `per_key` of the queue's limits
 /// for each of `$2`.
 static MAKE_PLACES: Statement = Statement {
@@ -177,8 +266,13 @@ pub(super) fn take(
     // a run that made places or missed rows is run again: the places it
     // made are there for the next, the rows it missed are locked by it
     for _ in 0..TAKE_ATTEMPTS {
+        let stmt = if max - handed == 1 {
+            &TAKE_KEYED_ONE
+        } else {
+            &TAKE_KEYED
+        };
         let (leased, placeless, missed) = plan::run_rows(
-            &TAKE_KEYED,
+            stmt,
             &[
                 queue.into(),
                 lease.into(),

@@ -1758,3 +1758,48 @@ fn the_rate_limit_hands_out_the_bucket() {
         Some(3)
     );
 }
+
+/// sweep removes the free per-key places of keys with no row left in their
+/// queue, at most `max` keys a call; a key with rows, or with a place held,
+/// keeps its places; a take that meets a swept key again makes them again.
+#[pg_test]
+fn sweep_removes_the_places_of_keys_gone_from_their_queue() {
+    Spi::run(
+        "SELECT sturdy.schedule('s' || i, now() - interval '1 minute', 'swept', key => 'k' || i)
+           FROM generate_series(1, 4) i;
+         SELECT sturdy.limit_queue('swept', per_key => 2);
+         CREATE TEMP TABLE got AS SELECT * FROM sturdy.take('swept');
+         SELECT sturdy.done(workflow, receipt, 'swept') FROM got;
+         DELETE FROM sturdy.queue WHERE queue = 'swept' AND workflow IN ('s2', 's3');",
+    )
+    .unwrap();
+    // k1: done, no row (free places); k2, k3: rows gone; k4: a row left
+    let kinds = |max: i32| {
+        one::<i64>(&format!(
+            "SELECT deleted FROM sturdy.sweep('7 days', {max}) WHERE kind = 'key_places'"
+        ))
+    };
+    assert_eq!(kinds(2), Some(2), "at most max keys a call");
+    assert_eq!(kinds(10), Some(1));
+    assert_eq!(kinds(10), Some(0));
+    assert_eq!(
+        one::<String>("SELECT string_agg(DISTINCT key, ',') FROM sturdy.queue_key_places").as_deref(),
+        Some("k4")
+    );
+    // a held place keeps its key's places, though the key has no row
+    Spi::run(
+        "SELECT sturdy.schedule('s5', now() - interval '1 minute', 'swept', key => 'k5');
+         SELECT count(*) FROM sturdy.take('swept', max => 5);
+         DELETE FROM sturdy.queue WHERE queue = 'swept' AND workflow = 's5';",
+    )
+    .unwrap();
+    assert_eq!(count("sturdy.queue_key_places WHERE key = 'k5' AND receipt > now()"), 1);
+    assert_eq!(kinds(10), Some(0));
+    Spi::run("SELECT sturdy.schedule('s1', now() - interval '1 minute', 'swept', key => 'k1')").unwrap();
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM sturdy.take('swept', max => 5)"),
+        Some(1),
+        "k1's places made again"
+    );
+    assert_eq!(count("sturdy.queue_key_places WHERE key = 'k1'"), 2);
+}
