@@ -52,13 +52,6 @@ pub(super) struct Limits {
     pub(super) rate: Option<(f64, i32)>,
 }
 
-impl Limits {
-    /// Whether a pass holds a place of this queue (running or per key).
-    fn places(&self) -> bool {
-        self.running.is_some() || self.per_key.is_some()
-    }
-}
-
 type Known = (access::Mark, Rc<HashMap<Vec<u8>, Limits>>);
 
 thread_local! {
@@ -182,19 +175,42 @@ static HOLD_PLACES: Statement = Statement {
     generic: false,
 };
 
-/// A pass ended: free the places its take gave it (running, per key).
-static FREE_PLACE: Statement = Statement {
-    sql: "WITH running AS (
-              UPDATE sturdy.queue_places SET workflow = NULL, receipt = NULL
+/// A pass ended: free the place its take gave it, of the running limit
+/// (`RUNNING`) or of its key (`KEYED`).
+static FREE_PLACE: [Statement; 2] = [
+    Statement {
+        sql: "UPDATE sturdy.queue_places SET workflow = NULL, receipt = NULL
                WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
-                 AND receipt OPERATOR(pg_catalog.=) $3)
-          UPDATE sturdy.queue_key_places SET workflow = NULL, receipt = NULL
-           WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
-             AND receipt OPERATOR(pg_catalog.=) $3",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
-    writes: true,
-    generic: false,
-};
+                 AND receipt OPERATOR(pg_catalog.=) $3",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
+        writes: true,
+        generic: false,
+    },
+    Statement {
+        sql: "UPDATE sturdy.queue_key_places SET workflow = NULL, receipt = NULL
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+                 AND receipt OPERATOR(pg_catalog.=) $3",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
+        writes: true,
+        generic: false,
+    },
+];
+
+const RUNNING: usize = 0;
+const KEYED: usize = 1;
+
+impl Limits {
+    /// Which of [`FREE_PLACE`]'s (and [`FREE_PLACES_OF`]'s) tables hold a
+    /// pass's places.
+    fn held(&self) -> impl Iterator<Item = usize> {
+        [
+            self.running.is_some().then_some(RUNNING),
+            self.per_key.is_some().then_some(KEYED),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
 
 /// The gate of a take of up to `max` rows of `queue`, which has `limits`.
 pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
@@ -257,24 +273,35 @@ pub(super) fn close(
     Ok(())
 }
 
-static FREE_PLACES_OF: Statement = Statement {
-    sql: "WITH running AS (
-              UPDATE sturdy.queue_places p SET workflow = NULL, receipt = NULL
+/// [`FREE_PLACE`] for the passes of `done_many`.
+static FREE_PLACES_OF: [Statement; 2] = [
+    Statement {
+        sql: "UPDATE sturdy.queue_places p SET workflow = NULL, receipt = NULL
                 FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
                WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
-                 AND p.receipt OPERATOR(pg_catalog.=) d.receipt)
-          UPDATE sturdy.queue_key_places p SET workflow = NULL, receipt = NULL
-            FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
-           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
-             AND p.receipt OPERATOR(pg_catalog.=) d.receipt",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::TEXTARRAYOID,
-        pg_sys::TIMESTAMPTZARRAYOID,
-    ],
-    writes: true,
-    generic: false,
-};
+                 AND p.receipt OPERATOR(pg_catalog.=) d.receipt",
+        args: &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTARRAYOID,
+            pg_sys::TIMESTAMPTZARRAYOID,
+        ],
+        writes: true,
+        generic: false,
+    },
+    Statement {
+        sql: "UPDATE sturdy.queue_key_places p SET workflow = NULL, receipt = NULL
+                FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
+               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
+                 AND p.receipt OPERATOR(pg_catalog.=) d.receipt",
+        args: &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTARRAYOID,
+            pg_sys::TIMESTAMPTZARRAYOID,
+        ],
+        writes: true,
+        generic: false,
+    },
+];
 
 /// [`ended`] for the passes of `done_many`.
 pub(super) fn ended_many(
@@ -282,9 +309,9 @@ pub(super) fn ended_many(
     workflows: TextArray,
     receipts: TimestampArray,
 ) -> Result<()> {
-    if of(queue)?.is_some_and(|l| l.places()) {
+    for held in of(queue)?.iter().flat_map(Limits::held) {
         run_one(
-            &FREE_PLACES_OF,
+            &FREE_PLACES_OF[held],
             &[queue.into(), workflows.into(), receipts.into()],
             |_| Ok(()),
         )?;
@@ -296,9 +323,9 @@ pub(super) fn ended_many(
 /// where its queue has a running or per-key limit, its places are free
 /// again.
 pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<()> {
-    if of(queue)?.is_some_and(|l| l.places()) {
+    for held in of(queue)?.iter().flat_map(Limits::held) {
         run_one(
-            &FREE_PLACE,
+            &FREE_PLACE[held],
             &[queue.into(), workflow.into(), receipt.into()],
             |_| Ok(()),
         )?;
