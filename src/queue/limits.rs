@@ -17,6 +17,9 @@
 //!   one place, so no interleaving hands out more passes than places. A
 //!   pass's `done`, `finish` or `wake_at` frees its place (by workflow and
 //!   receipt); a pass that dies frees it when its receipt passes.
+//! - Per key: the places of each key (`keyed.rs`); a take of such a queue
+//!   is one statement of its own, and a pass's end frees its key's place as
+//!   it frees a running place.
 //! - Rate: a token bucket in the limits row, refilled by `now()` at
 //!   `per_second` up to `burst`. A take locks the row (`FOR UPDATE`: takers of
 //!   one rate-limited queue go one at a time until each commits), refills it,
