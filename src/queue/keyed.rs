@@ -33,6 +33,24 @@
 
 use super::*;
 
+/// The filter of a keyed take's scan: a row without a key, or one whose
+/// key has a free place (no receipt, or a passed one), or has no places
+/// yet (the take makes them). Each probe runs per row, an index lookup of
+/// the key's places (`OFFSET 0` keeps the planner from hashing the places
+/// of the whole queue instead).
+macro_rules! key_free {
+    () => {
+        "AND (q.key IS NULL
+              OR EXISTS (SELECT FROM sturdy.queue_key_places p
+                          WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                            AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                         OFFSET 0)
+              OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
+                              WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                             OFFSET 0))"
+    };
+}
+
 /// See the module comment. `$1` queue, `$2` lease, `$3` max, `$4` due by.
 /// Returns each row leased (workflow, receipt); a row with a key and
 /// nothing else for each key met without places; a row with `true` in the
@@ -50,14 +68,7 @@ static TAKE_KEYED: Statement = Statement {
                           AND q.priority OPERATOR(pg_catalog.>) 0
                           AND q.visible_at OPERATOR(pg_catalog.<=) $4
                           AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
-                          AND (q.key IS NULL
-                               OR EXISTS (SELECT FROM sturdy.queue_key_places p
-                                           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                             AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
-                                          OFFSET 0)
-                               OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
-                                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                              OFFSET 0))
+                          ", key_free!(), "
                         ORDER BY q.visible_at, q.seq
                         LIMIT $3 OPERATOR(pg_catalog.*) 4 OPERATOR(pg_catalog.+) 8) r
                     WHERE l.p IS NOT NULL)
@@ -67,14 +78,7 @@ static TAKE_KEYED: Statement = Statement {
                       AND q.visible_at OPERATOR(pg_catalog.<=) $4
                       AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ('-infinity'::pg_catalog.timestamptz, 0)
                       AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
-                      AND (q.key IS NULL
-                           OR EXISTS (SELECT FROM sturdy.queue_key_places p
-                                       WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                         AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
-                                      OFFSET 0)
-                           OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
-                                           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                          OFFSET 0))
+                      ", key_free!(), "
                     ORDER BY q.visible_at, q.seq
                     LIMIT $3 OPERATOR(pg_catalog.*) 4 OPERATOR(pg_catalog.+) 8)
                   LIMIT $3 OPERATOR(pg_catalog.*) 4 OPERATOR(pg_catalog.+) 8) s),
@@ -164,14 +168,7 @@ static TAKE_KEYED_ONE: Statement = Statement {
                              AND q.priority OPERATOR(pg_catalog.>) 0
                              AND q.visible_at OPERATOR(pg_catalog.<=) $4
                              AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
-                             AND (q.key IS NULL
-                                  OR EXISTS (SELECT FROM sturdy.queue_key_places p
-                                              WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                                AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
-                                             OFFSET 0)
-                                  OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
-                                                  WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                                 OFFSET 0))
+                             ", key_free!(), "
                            ORDER BY q.visible_at, q.seq
                            LIMIT 1
                              FOR UPDATE SKIP LOCKED) r
@@ -184,14 +181,7 @@ static TAKE_KEYED_ONE: Statement = Statement {
                          AND q.visible_at OPERATOR(pg_catalog.<=) $4
                          AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ('-infinity'::pg_catalog.timestamptz, 0)
                          AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
-                         AND (q.key IS NULL
-                              OR EXISTS (SELECT FROM sturdy.queue_key_places p
-                                          WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                            AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
-                                         OFFSET 0)
-                              OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
-                                              WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                                             OFFSET 0))
+                         ", key_free!(), "
                        ORDER BY q.visible_at, q.seq
                        LIMIT 1
                          FOR UPDATE SKIP LOCKED) b) c
@@ -290,18 +280,7 @@ pub(super) fn take(
                 Ok((leased, placeless, missed))
             },
         )?;
-        for (workflow, receipt) in &leased {
-            let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
-            let token = hand.each(workflow, *receipt, lease)?;
-            plan::append_row(
-                call,
-                &[
-                    workflow.into_datum(),
-                    Some(pg_sys::Datum::from(*receipt)),
-                    token.map(pg_sys::Datum::from),
-                ],
-            )?;
-        }
+        hand.out(call, &leased, lease)?;
         handed += leased.len();
         if !placeless.is_empty() {
             run_one(&MAKE_PLACES, &[queue.into(), placeless.into()], |_| Ok(()))?;

@@ -176,18 +176,7 @@ pub(super) fn take(
             },
         )?;
         found(queue, mark, any);
-        for (workflow, receipt) in &leased {
-            let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
-            let token = hand.each(workflow, *receipt, lease)?;
-            plan::append_row(
-                call,
-                &[
-                    workflow.into_datum(),
-                    Some(pg_sys::Datum::from(*receipt)),
-                    token.map(pg_sys::Datum::from),
-                ],
-            )?;
-        }
+        hand.out(call, &leased, lease)?;
         handed += leased.len();
         if !missed || handed >= max {
             break;

@@ -107,8 +107,26 @@ pub(super) struct Hand<'a> {
 }
 
 impl Hand<'_> {
+    /// Hand out the rows a statement leased (workflow, receipt): each as
+    /// the hand asks, appended to the result of `call`.
+    pub(super) fn out(&self, call: &Args, leased: &Handed, lease: Interval) -> Result<()> {
+        for (workflow, receipt) in leased {
+            let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
+            let token = self.each(workflow, *receipt, lease)?;
+            plan::append_row(
+                call,
+                &[
+                    workflow.into_datum(),
+                    Some(pg_sys::Datum::from(*receipt)),
+                    token.map(pg_sys::Datum::from),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
     /// The token for `workflow`'s row, after doing what the hand asks.
-    pub(super) fn each(
+    fn each(
         &self,
         workflow: Name,
         receipt: pg_sys::TimestampTz,
@@ -185,18 +203,7 @@ pub(super) fn take_from(
                     Ok((leased, seen(&r)))
                 })?;
                 plan::begin_result(call);
-                for (workflow, receipt) in &leased {
-                    let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
-                    let token = hand.each(workflow, *receipt, lease)?;
-                    plan::append_row(
-                        call,
-                        &[
-                            workflow.into_datum(),
-                            Some(pg_sys::Datum::from(*receipt)),
-                            token.map(pg_sys::Datum::from),
-                        ],
-                    )?;
-                }
+                hand.out(call, &leased, lease)?;
                 (leased.len(), seen)
             }
         };
