@@ -39,6 +39,10 @@ class Bouncer:
         self.dir = None
 
     def start(self):
+        # one of an earlier run that did not get to stop (its directory is
+        # gone, its port may not be)
+        subprocess.run(["pkill", "-KILL", "-f", f"pgbouncer {tempfile.gettempdir()}/sturdy_pooler_"],
+                       check=False)
         server = dict(kv.split("=", 1) for kv in SERVER.split())
         self.dir = tempfile.mkdtemp(prefix="sturdy_pooler_")
         target = f"host={server['host']} port={server['port']} dbname={DB}"
@@ -95,11 +99,15 @@ logfile = {self.dir}/pgbouncer.log
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
-            # as root the child is runuser: end pgbouncer itself
-            subprocess.run(["pkill", "-INT", "-f", f"pgbouncer {self.dir}/pgbouncer.ini"], check=False)
+            # as root the child is runuser: end pgbouncer itself, at once
+            # (SIGTERM; SIGINT would wait for every client to leave, and a
+            # pgbouncer left behind holds the port the next run listens on)
+            pattern = f"pgbouncer {self.dir}/pgbouncer.ini"
+            subprocess.run(["pkill", "-TERM", "-f", pattern], check=False)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                subprocess.run(["pkill", "-KILL", "-f", pattern], check=False)
+                self.proc.wait(10)
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
