@@ -270,9 +270,7 @@ pub(super) fn take(
                 due.into(),
             ],
             |r| {
-                let leased: Vec<_> = (0..r.len())
-                    .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
-                    .collect();
+                let leased = leased(&r);
                 let placeless: Vec<Option<Text>> = (0..r.len())
                     .filter_map(|i| r.text_bytes(i, 4).map(|k| Some(Text::from_bytes(k))))
                     .collect();

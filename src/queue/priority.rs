@@ -165,9 +165,7 @@ pub(super) fn take(
                 due.into(),
             ],
             |r| {
-                let leased: Vec<_> = (0..r.len())
-                    .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
-                    .collect();
+                let leased = leased(&r);
                 let any = !r.is_empty() && r.get::<bool>(0, 3).unwrap_or(false);
                 // a row of `due` the update did not lease
                 let missed = (0..r.len())

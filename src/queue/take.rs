@@ -96,6 +96,14 @@ pub(crate) type Claim = fn(Name, Interval) -> Result<Option<i64>>;
 /// The rows a take handed out: each workflow and its receipt.
 pub(super) type Handed = Vec<(Vec<u8>, pg_sys::TimestampTz)>;
 
+/// The rows a take statement leased: its rows with a workflow and a
+/// receipt (columns 1 and 2; a row it locked but missed has neither).
+pub(super) fn leased(r: &plan::Rows) -> Handed {
+    (0..r.len())
+        .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
+        .collect()
+}
+
 /// What a take does with each row it leases, besides returning it.
 #[derive(Clone, Copy)]
 pub(super) struct Hand<'a> {
@@ -197,9 +205,7 @@ pub(super) fn take_from(
             } => plan::run_as_set_then(call, stmt, &args, |r| seen(&r))?,
             hand => {
                 let (leased, seen) = plan::run_rows(stmt, &args, |r| {
-                    let leased: Vec<_> = (0..r.len())
-                        .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
-                        .collect();
+                    let leased = leased(&r);
                     Ok((leased, seen(&r)))
                 })?;
                 plan::begin_result(call);
