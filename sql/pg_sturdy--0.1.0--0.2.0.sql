@@ -91,9 +91,11 @@ COMMENT ON COLUMN sturdy.queue_limits.refilled_at IS 'When the bucket was last r
 -- take (workflow, receipt) until its done, finish or wake_at, or until its
 -- lease (the receipt) runs out. Takers lock free places FOR UPDATE SKIP
 -- LOCKED, so no two take one and none hands out more rows than it locked.
+-- No CHECK on place (limit_queue numbers them from 1): take and done write
+-- places without a statement (src/access/place.rs), which a CHECK would rule out.
 CREATE TABLE sturdy.queue_places (
     queue    text        COLLATE "C" NOT NULL,
-    place    integer     NOT NULL CHECK (place > 0),
+    place    integer     NOT NULL,
     workflow text        COLLATE "C",
     receipt  timestamptz,
     PRIMARY KEY (queue, place)
@@ -110,7 +112,7 @@ COMMENT ON COLUMN sturdy.queue_places.receipt IS 'That pass''s receipt: the plac
 CREATE TABLE sturdy.queue_key_places (
     queue    text        COLLATE "C" NOT NULL,
     key      text        COLLATE "C" NOT NULL,
-    place    integer     NOT NULL CHECK (place > 0),
+    place    integer     NOT NULL,
     workflow text        COLLATE "C",
     receipt  timestamptz,
     PRIMARY KEY (queue, key, place)

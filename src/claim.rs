@@ -93,14 +93,17 @@ impl Fence {
         {
             return Ok(Some(()));
         }
-        self.0.update(
-            row,
-            &[(
-                C_HELD_UNTIL,
-                pg_sys::TIMESTAMPTZOID,
-                Some(pg_sys::Datum::from(now)),
-            )],
-        )
+        Ok(self
+            .0
+            .update(
+                row,
+                &[(
+                    C_HELD_UNTIL,
+                    pg_sys::TIMESTAMPTZOID,
+                    Some(pg_sys::Datum::from(now)),
+                )],
+            )?
+            .map(|_| ()))
     }
 }
 

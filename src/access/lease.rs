@@ -13,6 +13,26 @@ pub struct Leased {
     pub tid: pg_sys::ItemPointerData,
 }
 
+/// What a take's gate says of a due row (see [`Admitting`]).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Admit {
+    /// Lease it.
+    Lease,
+    /// Pass over it, as a row another take holds is passed over.
+    PassOver,
+    /// Lease nothing more: the scan ends here.
+    Stop,
+}
+
+/// A gate [`Opened::lease_first`] asks of each due row before it leases
+/// it, on the very version it would lease (the newest, no one else's): with
+/// the row's `group` column (`None` where NULL) and its place.
+pub struct Admitting<'a> {
+    /// A `text` column of the table.
+    pub group: Col,
+    pub ask: &'a mut dyn FnMut(Option<pg_sys::Datum>, (pg_sys::TimestampTz, i64)) -> Result<Admit>,
+}
+
 /// The columns [`Opened::lease_first`] works on.
 pub struct LeaseColumns {
     /// The index it scans: (queue, visible_at, seq).
@@ -105,7 +125,8 @@ impl Opened {
     /// it was taken `now`, taken once more. `leased` reads the row before its
     /// buffer is released. `None` when it cannot be done here (see the
     /// module comment), with nothing done; `Some(false)` when no row was
-    /// leased.
+    /// leased. Where `admit` is given, each due row is leased only where
+    /// it says so (see [`Admitting`]).
     #[allow(clippy::too_many_arguments)]
     pub fn lease_first(
         &self,
@@ -115,6 +136,7 @@ impl Opened {
         due: pg_sys::TimestampTz,
         until: pg_sys::TimestampTz,
         now: pg_sys::TimestampTz,
+        mut admit: Option<Admitting<'_>>,
         leased: impl FnOnce(Leased),
     ) -> Result<Option<bool>> {
         if !self.may(pg_sys::ACL_UPDATE) || !self.shape.rewritable() {
@@ -122,6 +144,11 @@ impl Opened {
         }
         let Some((scan_index, cols)) = self.lease_columns(c) else {
             return Ok(None);
+        };
+        let group = match &admit {
+            Some(a) if self.shape.types[a.group.0] != pg_sys::TEXTOID => return Ok(None),
+            Some(a) => Some(self.shape.attnums[a.group.0]),
+            None => None,
         };
         let rel = self.rel.0;
         let lease = Lease {
@@ -133,6 +160,8 @@ impl Opened {
             due,
             until,
             now,
+            group,
+            stopped: Cell::new(false),
         };
         // SAFETY: inside a transaction, with the table open for writing (we
         // hold `rel`); everything begun here (the index opened, the
@@ -164,15 +193,22 @@ impl Opened {
                     // one more exclusive hold of the page); where someone
                     // does, nothing is written and the way below decides, as
                     // it always did.
-                    let written = match lease.write_if_free(found, cid, snapshot)? {
-                        Some(version) => {
-                            #[cfg(any(test, feature = "pg_test"))]
-                            UNLOCKED.with(|n| n.set(n.get() + 1));
-                            Some((version, place))
-                        }
-                        None => lease.lock_and_write(found, locked, cid, snapshot)?,
-                    };
+                    let written =
+                        match lease.write_if_free(found, place, cid, snapshot, &mut admit)? {
+                            Tried::Written(version) => {
+                                #[cfg(any(test, feature = "pg_test"))]
+                                UNLOCKED.with(|n| n.set(n.get() + 1));
+                                Some((version, place))
+                            }
+                            Tried::Passed => None,
+                            Tried::Undecided => {
+                                lease.lock_and_write(found, locked, cid, snapshot, &mut admit)?
+                            }
+                        };
                     let Some((version, place)) = written else {
+                        if lease.stopped.get() {
+                            break;
+                        }
                         continue;
                     };
                     // (the key is NOT NULL)
@@ -252,9 +288,50 @@ struct Lease<'a> {
     due: pg_sys::TimestampTz,
     until: pg_sys::TimestampTz,
     now: pg_sys::TimestampTz,
+    /// The gate's column, where there is a gate.
+    group: Option<pg_sys::AttrNumber>,
+    /// The gate said [`Admit::Stop`].
+    stopped: Cell<bool>,
+}
+
+/// What [`Lease::write_if_free`] did.
+enum Tried {
+    /// Leased: the slot of the new version.
+    Written(*mut pg_sys::TupleTableSlot),
+    /// The gate passed over the row, with nothing written.
+    Passed,
+    /// Nothing written: [`Lease::lock_and_write`] decides.
+    Undecided,
 }
 
 impl Lease<'_> {
+    /// Whether the gate, where there is one, lets the row version in
+    /// `slot`, at `place`, be leased.
+    ///
+    /// # Safety
+    /// `slot` holds a version of the table.
+    unsafe fn admits(
+        &self,
+        slot: *mut pg_sys::TupleTableSlot,
+        place: (pg_sys::TimestampTz, i64),
+        admit: &mut Option<Admitting<'_>>,
+    ) -> Result<bool> {
+        let (Some(a), Some(group)) = (admit.as_mut(), self.group) else {
+            return Ok(true);
+        };
+        // SAFETY: the slot holds a row of the table; the gate's column is
+        // `text` (checked in `lease_first`).
+        let value = unsafe { slot_value(slot, group) };
+        match (a.ask)(value, place)? {
+            Admit::Lease => Ok(true),
+            Admit::PassOver => Ok(false),
+            Admit::Stop => {
+                self.stopped.set(true);
+                Ok(false)
+            }
+        }
+    }
+
     /// The place of the row version in `slot`, where it is at or after
     /// `from` and due (its `visible_at` and any lease's end at or before
     /// `due`).
@@ -286,10 +363,11 @@ impl Lease<'_> {
         }
     }
 
-    /// The lease written on the version the scan found, in `found`, where it
-    /// looks free (no one holds it, no one changed it since our snapshot) and
-    /// is of our queue: the slot of the new version, or `None` with nothing
-    /// written (then [`Lease::lock_and_write`] decides).
+    /// The lease written on the version the scan found, in `found` (at
+    /// `place`), where it looks free (no one holds it, no one changed it
+    /// since our snapshot), is of our queue and the gate admits it: the slot
+    /// of the new version; or nothing written, the gate having passed over
+    /// the row, or for [`Lease::lock_and_write`] to decide.
     ///
     /// # Safety
     /// `found` holds the version the scan fetched, its buffer pinned;
@@ -297,16 +375,21 @@ impl Lease<'_> {
     unsafe fn write_if_free(
         &self,
         found: *mut pg_sys::TupleTableSlot,
+        place: (pg_sys::TimestampTz, i64),
         cid: pg_sys::CommandId,
         snapshot: pg_sys::Snapshot,
-    ) -> Result<Option<*mut pg_sys::TupleTableSlot>> {
+        admit: &mut Option<Admitting<'_>>,
+    ) -> Result<Tried> {
         // SAFETY: as this function's contract; `lease` with `unless_held`
         // writes nothing where the version turns out held after all.
         unsafe {
             if !looks_free(found) || !same_text(found, self.cols.queue, self.queue) {
-                return Ok(None);
+                return Ok(Tried::Undecided);
             }
-            lease(
+            if !self.admits(found, place, admit)? {
+                return Ok(Tried::Passed);
+            }
+            let written = lease(
                 self.rel,
                 self.shape,
                 found,
@@ -317,7 +400,8 @@ impl Lease<'_> {
                 self.until,
                 self.now,
                 true,
-            )
+            )?;
+            Ok(written.map_or(Tried::Undecided, Tried::Written))
         }
     }
 
@@ -325,7 +409,8 @@ impl Lease<'_> {
     /// locks it (its newest version, read committed, into `locked`) and
     /// leased where it is still due and of our queue: the slot of the new
     /// version and the row's place; `None` where it was passed over (held by
-    /// another transaction, gone, no longer due).
+    /// another transaction, gone, no longer due, or not admitted by the
+    /// gate: then it stays locked, as `FOR UPDATE` leaves a row it locked).
     ///
     /// # Safety
     /// As [`Lease::write_if_free`]; `locked` is another slot of the table.
@@ -335,6 +420,7 @@ impl Lease<'_> {
         locked: *mut pg_sys::TupleTableSlot,
         cid: pg_sys::CommandId,
         snapshot: pg_sys::Snapshot,
+        admit: &mut Option<Admitting<'_>>,
     ) -> Result<Option<(*mut pg_sys::TupleTableSlot, (pg_sys::TimestampTz, i64))>> {
         // SAFETY: the table is open, its slots and the snapshot live to the
         // end of the scan; the lock is kept to the end of the transaction,
@@ -395,7 +481,9 @@ impl Lease<'_> {
             let Some(place) = self.due_place(locked) else {
                 return Ok(None);
             };
-            if !same_text(locked, self.cols.queue, self.queue) {
+            if !same_text(locked, self.cols.queue, self.queue)
+                || !self.admits(locked, place, admit)?
+            {
                 return Ok(None);
             }
             let tid = (*locked).tts_tid;

@@ -120,12 +120,13 @@ impl Opened {
     /// row [`Opened::lock`] locked, as an `UPDATE` of it would: the new
     /// version with its index entries where the update is not HOT. `None`
     /// when it cannot be done here (a `CHECK` constraint to test, a column
-    /// of another type, a NULL where none may be), with nothing written.
+    /// of another type, a NULL where none may be), with nothing written;
+    /// else where the new version lives.
     pub fn update(
         &self,
         row: &Locked,
         set: &[(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
-    ) -> Result<Option<()>> {
+    ) -> Result<Option<pg_sys::ItemPointerData>> {
         let shape = &self.shape;
         let cols: Vec<(Col, pg_sys::Oid, bool)> = set
             .iter()
@@ -157,9 +158,10 @@ impl Opened {
                     Ok(())
                 },
             )?;
+            let tid = (*version).tts_tid;
             pg_sys::ExecDropSingleTupleTableSlot(version);
+            count_served();
+            Ok(Some(tid))
         }
-        count_served();
-        Ok(Some(()))
     }
 }

@@ -60,6 +60,7 @@ mod delete;
 mod insert;
 mod lease;
 mod lock;
+mod place;
 mod scan;
 mod shape;
 // The tests, in a file of their own: `pg_schema` takes only an inline module.
@@ -72,7 +73,8 @@ mod version;
 
 #[cfg(any(test, feature = "pg_test"))]
 pub use insert::INSERTED_FIRST;
-pub use lease::{LeaseColumns, Leased};
+pub use lease::{Admit, Admitting, LeaseColumns, Leased};
+pub use place::Free;
 use scan::*;
 use shape::*;
 use version::*;

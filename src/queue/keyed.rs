@@ -27,9 +27,10 @@
 //! (another taker locked the place in between) stays ready, held by this
 //! take's lock until it commits, and the take hands out fewer rows.
 //!
-//! These takes do not go by the floors (`floor.rs`): each reads the queue
-//! from its oldest ready row, and under a pinned xmin walks the dead
-//! entries there.
+//! These takes go by the floors (`floor.rs`) as the others do, but a
+//! keyed take's floor stops at the first ready row it met, whatever its key
+//! ([`head`]): a row passed over because its key had no free place is
+//! still to be taken, and a later take must meet it again.
 
 use super::*;
 
@@ -51,14 +52,34 @@ macro_rules! key_free {
     };
 }
 
-/// See the module comment. `$1` queue, `$2` lease, `$3` max, `$4` due by.
-/// Returns each row leased (workflow, receipt); a row with a key and
-/// nothing else for each key met without places; a row with `true` in the
-/// fifth column for each row locked with a place but not leased (see the
-/// take statements in `sql.rs`: run again).
+/// The first ready row of the default level from the floor (`$5`, `$6`),
+/// whatever its key: a keyed take's floor goes no further than it, for a row
+/// passed over because its key had no free place is still to be taken.
+macro_rules! head {
+    () => {
+        ",
+          head AS MATERIALIZED (
+              SELECT q.visible_at, q.seq FROM sturdy.queue q
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) 0
+                 AND q.visible_at OPERATOR(pg_catalog.<=) $4
+                 AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ($5, $6)
+                 AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
+               ORDER BY q.visible_at, q.seq
+               LIMIT 1)"
+    };
+}
+
+/// See the module comment. `$1` queue, `$2` lease, `$3` max, `$4` due by,
+/// the default level read from the place (`$5`, `$6`) on. Returns each row
+/// leased (workflow, receipt); a row with a key and nothing else for each
+/// key met without places; a row with `true` in the fifth column for each
+/// row locked with a place but not leased (see the take statements in
+/// `sql.rs`: run again); and a row with the place of [`head`] in the sixth
+/// and seventh, where there is one.
 static TAKE_KEYED: Statement = Statement {
     sql: concat!(
         super::priority::levels!(),
+        head!(),
         ",
           seen AS MATERIALIZED (
               SELECT s.ctid, s.key, pg_catalog.row_number() OVER () AS ord FROM (
@@ -76,7 +97,7 @@ static TAKE_KEYED: Statement = Statement {
                   (SELECT q.ctid, q.key FROM sturdy.queue q
                     WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) 0
                       AND q.visible_at OPERATOR(pg_catalog.<=) $4
-                      AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ('-infinity'::pg_catalog.timestamptz, 0)
+                      AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ($5, $6)
                       AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
                       ", key_free!(), "
                     ORDER BY q.visible_at, q.seq
@@ -131,21 +152,26 @@ static TAKE_KEYED: Statement = Statement {
                 FROM taken t JOIN go g ON g.workflow OPERATOR(pg_catalog.=) t.workflow
                WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false FROM taken t
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false,
+                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8 FROM taken t
           UNION ALL
-          SELECT NULL, NULL, NULL, k.key, false
+          SELECT NULL, NULL, NULL, k.key, false, NULL, NULL
             FROM (SELECT DISTINCT key FROM locked WHERE key IS NOT NULL) k
            WHERE NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) k.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, true FROM go g
-           WHERE NOT EXISTS (SELECT FROM taken t WHERE t.workflow OPERATOR(pg_catalog.=) g.workflow)"
+          SELECT NULL, NULL, NULL, NULL, true, NULL, NULL FROM go g
+           WHERE NOT EXISTS (SELECT FROM taken t WHERE t.workflow OPERATOR(pg_catalog.=) g.workflow)
+          UNION ALL
+          SELECT NULL, NULL, NULL, NULL, false, h.visible_at, h.seq FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
         pg_sys::INTERVALOID,
         pg_sys::INT8OID,
         pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT8OID,
     ],
     writes: true,
     generic: true,
@@ -158,6 +184,7 @@ static TAKE_KEYED: Statement = Statement {
 static TAKE_KEYED_ONE: Statement = Statement {
     sql: concat!(
         super::priority::levels!(),
+        head!(),
         ",
           cand AS MATERIALIZED (
               SELECT c.ctid, c.workflow, c.key FROM (
@@ -179,7 +206,7 @@ static TAKE_KEYED_ONE: Statement = Statement {
                       SELECT q.ctid, q.workflow, q.key FROM sturdy.queue q
                        WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) 0
                          AND q.visible_at OPERATOR(pg_catalog.<=) $4
-                         AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ('-infinity'::pg_catalog.timestamptz, 0)
+                         AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ($5, $6)
                          AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)
                          ", key_free!(), "
                        ORDER BY q.visible_at, q.seq
@@ -207,20 +234,25 @@ static TAKE_KEYED_ONE: Statement = Statement {
                 FROM taken t, go g
                WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false FROM taken t
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false,
+                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8 FROM taken t
           UNION ALL
-          SELECT NULL, NULL, NULL, c.key, false FROM cand c
+          SELECT NULL, NULL, NULL, c.key, false, NULL, NULL FROM cand c
            WHERE c.key IS NOT NULL
              AND NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, true FROM go g WHERE NOT EXISTS (SELECT FROM taken)"
+          SELECT NULL, NULL, NULL, NULL, true, NULL, NULL FROM go g WHERE NOT EXISTS (SELECT FROM taken)
+          UNION ALL
+          SELECT NULL, NULL, NULL, NULL, false, h.visible_at, h.seq FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
         pg_sys::INTERVALOID,
         pg_sys::INT8OID,
         pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT8OID,
     ],
     writes: true,
     generic: true,
@@ -241,33 +273,48 @@ static MAKE_PLACES: Statement = Statement {
 };
 
 /// A take of a queue with a per-key limit: up to `max` rows leased (see the
-/// module comment), handed as `hand` asks and appended to the result of
-/// `call`; how many.
-pub(super) fn take(
+/// module comment), the default level read from the place `from` on, due by
+/// `due`; handed as `hand` asks and appended to the result of `call`. What
+/// it took, and as its oldest place the first ready row from `from` on,
+/// whatever its key (`take`'s floor stops there: rows passed over for their
+/// key are still to be taken).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn take_from(
     call: &Args,
     queue: Name,
     lease: Interval,
     max: usize,
+    from: Position,
+    due: TimestampWithTimeZone,
     hand: Hand<'_>,
-) -> Result<usize> {
-    let due = pgrx::datum::now();
-    let mut handed = 0;
+) -> Result<Taken> {
+    let mut taken = Taken {
+        rows: 0,
+        oldest: None,
+    };
     plan::begin_result(call);
+    if max == 1
+        && let Some(taken) = lease_one(call, queue, lease, from, due, hand)?
+    {
+        return Ok(taken);
+    }
     // a run that made places or missed rows is run again: the places it
     // made are there for the next, the rows it missed are locked by it
     for _ in 0..TAKE_ATTEMPTS {
-        let stmt = if max - handed == 1 {
+        let stmt = if max - taken.rows == 1 {
             &TAKE_KEYED_ONE
         } else {
             &TAKE_KEYED
         };
-        let (leased, placeless, missed) = plan::run_rows(
+        let (leased, placeless, missed, head) = plan::run_rows(
             stmt,
             &[
                 queue.into(),
                 lease.into(),
-                ((max - handed) as i64).into(),
+                ((max - taken.rows) as i64).into(),
                 due.into(),
+                time_param(from.0).into(),
+                from.1.into(),
             ],
             |r| {
                 let leased = leased(&r);
@@ -275,21 +322,140 @@ pub(super) fn take(
                     .filter_map(|i| r.text_bytes(i, 4).map(|k| Some(Text::from_bytes(k))))
                     .collect();
                 let missed = (0..r.len()).any(|i| r.get::<bool>(i, 5) == Some(true));
-                Ok((leased, placeless, missed))
+                let head = (0..r.len())
+                    .filter_map(|i| Some((r.timestamptz(i, 6)?, r.get::<i64>(i, 7)?)))
+                    .min();
+                Ok((leased, placeless, missed, head))
             },
         )?;
         hand.out(call, &leased, lease)?;
-        handed += leased.len();
+        taken.rows += leased.len();
+        taken.oldest = match (taken.oldest, head) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if !placeless.is_empty() {
             run_one(&MAKE_PLACES, &[queue.into(), placeless.into()], |_| Ok(()))?;
         } else if !missed {
             break;
         }
-        if handed >= max {
+        if taken.rows >= max {
             break;
         }
     }
-    Ok(handed)
+    Ok(taken)
+}
+
+/// [`TAKE_KEYED_ONE`]'s work without a statement (see `access`): the first
+/// due row from `from` on whose key has a free place (or that has no key),
+/// leased as a one-row take of a queue without limits leases it, the place
+/// locked first (`FOR UPDATE SKIP LOCKED`, as the statement locks it) and
+/// written after. `None` where the statement must run, with nothing leased:
+/// the queue has prioritized rows (whose levels the statement reads), a key
+/// has no places yet (the statement's caller makes them), or `access`
+/// cannot serve a table here.
+fn lease_one(
+    call: &Args,
+    queue: Name,
+    lease: Interval,
+    from: Position,
+    due: TimestampWithTimeZone,
+    hand: Hand<'_>,
+) -> Result<Option<Taken>> {
+    if priority::any(queue)? {
+        return Ok(None);
+    }
+    let Some(q) = queue.into_datum() else {
+        return Ok(None);
+    };
+    let by = pg_sys::TimestampTz::from(due);
+    // the place locked for the last key admitted, and that key (`None`: a
+    // row without one); the first row passed over for its key; whether a
+    // key without places stopped the scan
+    let mut held: Option<(Vec<u8>, limits::Held)> = None;
+    let mut admitted: Option<Option<Vec<u8>>> = None;
+    let mut passed: Option<Position> = None;
+    let mut placeless = false;
+    let mut ask = |key: Option<pg_sys::Datum>, place: Position| -> Result<access::Admit> {
+        let Some(key) = key else {
+            admitted = Some(None);
+            return Ok(access::Admit::Lease);
+        };
+        // (copied: the row's value may be stored compressed)
+        let key = Text::copied(key);
+        if held.as_ref().is_some_and(|(k, _)| k == key.bytes()) {
+            admitted = Some(Some(key.bytes().to_vec()));
+            return Ok(access::Admit::Lease);
+        }
+        let Some(k) = key.into_datum() else {
+            placeless = true;
+            return Ok(access::Admit::Stop);
+        };
+        match limits::lock_key_place(q, k, by)? {
+            Some(limits::Place::Held(h)) => {
+                held = Some((key.bytes().to_vec(), h));
+                admitted = Some(Some(key.bytes().to_vec()));
+                Ok(access::Admit::Lease)
+            }
+            Some(limits::Place::NoneFree) => {
+                passed = Some(passed.map_or(place, |p| p.min(place)));
+                Ok(access::Admit::PassOver)
+            }
+            Some(limits::Place::NoRows) | None => {
+                placeless = true;
+                Ok(access::Admit::Stop)
+            }
+        }
+    };
+    let Some(mut taken) = take::lease_one(
+        call,
+        queue,
+        lease,
+        from,
+        due,
+        hand,
+        Some(access::Admitting {
+            group: Q_KEY,
+            ask: &mut ask,
+        }),
+    )?
+    else {
+        return Ok(None);
+    };
+    if placeless {
+        // (nothing was leased: a stop ends the scan before any lease)
+        return Ok(None);
+    }
+    if taken.rows == 1
+        && let Some(Some(key)) = &admitted
+    {
+        let Some((k, place)) = held.as_ref().filter(|(k, _)| k == key) else {
+            return Err(Error::Internal {
+                context: "keyed",
+                cause: "a row was leased without its key's place".into(),
+            });
+        };
+        debug_assert_eq!(k, key);
+        let written = TAKEN.with(|t| {
+            t.borrow()
+                .as_ref()
+                .filter(|t| t.live)
+                .map(|t| (t.workflow.clone(), t.receipt))
+        });
+        let Some((workflow, receipt)) = written else {
+            return Err(Error::Internal {
+                context: "keyed",
+                cause: "the row leased was not kept".into(),
+            });
+        };
+        place.hold(limits::KEYED, queue, &workflow, receipt)?;
+    }
+    // the floor stops at the first row passed over for its key
+    taken.oldest = match (taken.oldest, passed) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Ok(Some(taken))
 }
 
 /// The places of keys with no row left in their queue, free (no receipt,

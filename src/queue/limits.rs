@@ -26,6 +26,14 @@
 //!   hands out at most the whole tokens in it, and takes out one per row.
 //!
 //! A take over a limit hands out fewer rows, or none; never an error.
+//!
+//! The places of a one-row take, the common one, are locked and written
+//! without a statement where `access` can (`access::place`): a free place
+//! locked as `FOR UPDATE SKIP LOCKED` locks it, the pass written into the
+//! version locked; and the pass's `done` from the same backend rewrites the
+//! very version its take wrote ([`PLACED`]), as the take's `done` deletes
+//! the row it leased. Anything else goes by the statements below, which
+//! decide alike.
 
 use std::rc::Rc;
 
@@ -45,6 +53,188 @@ static LIMITS: access::Table = access::Table::new(
         c"burst",
     ],
 );
+
+/// The places' tables as `access` serves them: the running limit's, and
+/// the per-key limit's (with its key).
+static RUNNING_PLACES: access::Table = access::Table::new(
+    c"sturdy",
+    c"queue_places",
+    &[c"queue", c"workflow", c"receipt"],
+);
+static KEY_PLACES: access::Table = access::Table::new(
+    c"sturdy",
+    c"queue_key_places",
+    &[c"queue", c"workflow", c"receipt", c"key"],
+);
+const P_QUEUE: access::Col = access::Col(0);
+const P_WORKFLOW: access::Col = access::Col(1);
+const P_RECEIPT: access::Col = access::Col(2);
+const P_KEY: access::Col = access::Col(3);
+
+/// What a pass writes into a place, and its end clears: both NULL-able.
+const HOLDING: [(access::Col, pg_sys::Oid, bool); 2] = [
+    (P_WORKFLOW, pg_sys::TEXTOID, true),
+    (P_RECEIPT, pg_sys::TIMESTAMPTZOID, true),
+];
+
+/// A free place locked without a statement, with its table opened.
+pub(super) struct Held {
+    table: access::Opened,
+    row: access::Locked,
+}
+
+/// What [`lock_place`] found.
+pub(super) enum Place {
+    Held(Held),
+    /// Places, none free (or the free ones held by other takers).
+    NoneFree,
+    /// No place at all: a key met for the first time.
+    NoRows,
+}
+
+/// Where a place this backend's take wrote lives, for the pass's end.
+struct Placed {
+    /// [`RUNNING`] or [`KEYED`].
+    held: usize,
+    queue: Vec<u8>,
+    workflow: Vec<u8>,
+    receipt: pg_sys::TimestampTz,
+    tid: pg_sys::ItemPointerData,
+    seen: access::Invalidations,
+}
+
+thread_local! {
+    /// The places this backend's last takes of limited queues wrote without
+    /// a statement: a pass's `done` (`ended`) rewrites the version there
+    /// instead of looking the place up. Only ever a shortcut: the version is
+    /// checked for the queue, workflow and receipt as it is rewritten, and
+    /// anything else goes by the statement.
+    static PLACED: RefCell<Vec<Placed>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The most [`PLACED`] keeps; past it, the oldest go.
+const PLACED_KEPT: usize = 16;
+
+/// The first free place of `group` (the queue, and for a key's places the
+/// key), locked without a statement; `None` where a statement must.
+fn lock_place(
+    table: &'static access::Table,
+    group: &[(access::Col, pg_sys::Datum)],
+    due: pg_sys::TimestampTz,
+) -> Result<Option<Place>> {
+    let Some(opened) = table.opened(&[pg_sys::ACL_UPDATE]) else {
+        return Ok(None);
+    };
+    if !opened.can_update(&HOLDING) {
+        return Ok(None);
+    }
+    Ok(opened
+        .lock_free(group, P_RECEIPT, due)?
+        .map(|free| match free {
+            access::Free::Locked(row) => Place::Held(Held { table: opened, row }),
+            access::Free::NoneFree => Place::NoneFree,
+            access::Free::NoRows => Place::NoRows,
+        }))
+}
+
+/// A free place of `key` in `queue`'s per-key places, locked without a
+/// statement; `None` where a statement must.
+pub(super) fn lock_key_place(
+    queue: pg_sys::Datum,
+    key: pg_sys::Datum,
+    due: pg_sys::TimestampTz,
+) -> Result<Option<Place>> {
+    lock_place(&KEY_PLACES, &[(P_QUEUE, queue), (P_KEY, key)], due)
+}
+
+impl Held {
+    /// Write the pass of `workflow` with `receipt` into the place (of the
+    /// running limit, `RUNNING`, or a key's, `KEYED`), and keep where it
+    /// lives for the pass's end.
+    pub(super) fn hold(
+        &self,
+        held: usize,
+        queue: Name,
+        workflow: &[u8],
+        receipt: pg_sys::TimestampTz,
+    ) -> Result<()> {
+        let tid = self
+            .table
+            .update(
+                &self.row,
+                &[
+                    (
+                        P_WORKFLOW,
+                        pg_sys::TEXTOID,
+                        Text::from_bytes(workflow).into_datum(),
+                    ),
+                    (
+                        P_RECEIPT,
+                        pg_sys::TIMESTAMPTZOID,
+                        Some(pg_sys::Datum::from(receipt)),
+                    ),
+                ],
+            )?
+            .ok_or_else(|| Error::Internal {
+                context: "limits",
+                cause: "a place locked to be written could not be".into(),
+            })?;
+        PLACED.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() >= PLACED_KEPT {
+                p.remove(0);
+            }
+            p.push(Placed {
+                held,
+                queue: queue.bytes().to_vec(),
+                workflow: workflow.to_vec(),
+                receipt,
+                tid,
+                seen: access::Invalidations::now(),
+            });
+        });
+        Ok(())
+    }
+}
+
+/// Free the place a pass's take wrote without a statement, where this
+/// backend knows where it lives: `true` when it was rewritten.
+fn free_placed(
+    held: usize,
+    queue: Name,
+    workflow: Name,
+    receipt: pg_sys::TimestampTz,
+) -> Result<bool> {
+    let Some(placed) = PLACED.with(|p| {
+        let mut p = p.borrow_mut();
+        let i = p.iter().position(|x| {
+            x.held == held
+                && x.receipt == receipt
+                && x.workflow == workflow.bytes()
+                && x.queue == queue.bytes()
+        })?;
+        Some(p.remove(i))
+    }) else {
+        return Ok(false);
+    };
+    let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum()) else {
+        return Ok(false);
+    };
+    let table = [&RUNNING_PLACES, &KEY_PLACES][held];
+    let freed = table.with(&[pg_sys::ACL_UPDATE], |t| {
+        t.update_at_if(
+            placed.tid,
+            placed.seen,
+            &[(P_QUEUE, q), (P_WORKFLOW, w)],
+            (P_RECEIPT, receipt),
+            &[
+                (P_WORKFLOW, pg_sys::TEXTOID, None),
+                (P_RECEIPT, pg_sys::TIMESTAMPTZOID, None),
+            ],
+        )
+    })?;
+    Ok(freed == Some(true))
+}
 
 /// One queue's limits.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,8 +299,10 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
 pub(super) struct Gate {
     /// At most this many rows.
     pub(super) allowed: usize,
-    /// The free places it locked (running limit), one for each row.
+    /// The free places it locked (running limit), one for each row: by
+    /// their numbers through the statements, or without one (`held`).
     places: Vec<i32>,
+    held: Option<Held>,
     limits: Limits,
 }
 
@@ -199,8 +391,8 @@ static FREE_PLACE: [Statement; 2] = [
     },
 ];
 
-const RUNNING: usize = 0;
-const KEYED: usize = 1;
+pub(super) const RUNNING: usize = 0;
+pub(super) const KEYED: usize = 1;
 
 impl Limits {
     /// Which of [`FREE_PLACE`]'s (and [`FREE_PLACES_OF`]'s) tables hold a
@@ -220,13 +412,24 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
     let mut gate = Gate {
         allowed: if limits.paused { 0 } else { max },
         places: Vec::new(),
+        held: None,
         limits,
     };
     if gate.allowed > 0 && limits.rate.is_some() {
         let tokens = run_one(&REFILL, &[queue.into()], first_value::<i64>)?.unwrap_or(0);
         gate.allowed = gate.allowed.min(usize::try_from(tokens).unwrap_or(0));
     }
-    if gate.allowed > 0 && limits.running.is_some() {
+    if gate.allowed == 1
+        && limits.running.is_some()
+        && let Some(q) = queue.into_datum()
+        && let Some(place) =
+            lock_place(&RUNNING_PLACES, &[(P_QUEUE, q)], pgrx::datum::now().into())?
+    {
+        match place {
+            Place::Held(held) => gate.held = Some(held),
+            Place::NoneFree | Place::NoRows => gate.allowed = 0,
+        }
+    } else if gate.allowed > 0 && limits.running.is_some() {
         gate.places = plan::run_rows(
             &FREE_PLACES,
             &[queue.into(), (gate.allowed as i64).into()],
@@ -247,7 +450,11 @@ pub(super) fn close(
     if taken.is_empty() {
         return Ok(());
     }
-    if gate.limits.running.is_some() {
+    if let Some(held) = &gate.held
+        && let [(workflow, receipt)] = taken
+    {
+        held.hold(RUNNING, queue, workflow, *receipt)?;
+    } else if gate.limits.running.is_some() {
         let places: Vec<i32> = gate.places.iter().copied().take(taken.len()).collect();
         let workflows: Vec<Option<Text>> = taken
             .iter()
@@ -327,6 +534,9 @@ pub(super) fn ended_many(
 /// again.
 pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<()> {
     for held in of(queue)?.iter().flat_map(Limits::held) {
+        if free_placed(held, queue, workflow, receipt.into())? {
+            continue;
+        }
         run_one(
             &FREE_PLACE[held],
             &[queue.into(), workflow.into(), receipt.into()],

@@ -65,6 +65,26 @@ pub(super) fn to_look(queue: Name) -> Option<access::Mark> {
     (!known).then_some(mark)
 }
 
+static ANY: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM sturdy.queue
+                          WHERE queue OPERATOR(pg_catalog.=) $1 AND priority OPERATOR(pg_catalog.>) 0)",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
+/// Whether `queue` may have prioritized rows: without a look where this
+/// backend found none under the mark of now (see [`to_look`]), else by one
+/// probe of the partial index, remembered.
+pub(super) fn any(queue: Name) -> Result<bool> {
+    let Some(mark) = to_look(queue) else {
+        return Ok(false);
+    };
+    let any = run_one(&ANY, &[queue.into()], first_value::<bool>)?.unwrap_or(true);
+    found(queue, mark, any);
+    Ok(any)
+}
+
 /// Remember that `queue` had no prioritized row under `mark`, or forget
 /// that it had none.
 pub(super) fn found(queue: Name, mark: access::Mark, any: bool) {

@@ -167,7 +167,7 @@ pub(super) fn take_from(
     hand: Hand<'_>,
 ) -> Result<Taken> {
     if std::ptr::eq(stmt, &TAKE_ONE)
-        && let Some(taken) = lease_one(call, queue, lease, from, due, hand)?
+        && let Some(taken) = lease_one(call, queue, lease, from, due, hand, None)?
     {
         return Ok(taken);
     }
@@ -227,7 +227,8 @@ pub(super) fn take_from(
 
 /// [`TAKE_ONE`]'s work without the statement (see `access`), the row then
 /// handed as `hand` asks, where nothing the statement would do is skipped
-/// that way; `None` where the statement must run.
+/// that way; `None` where the statement must run. `admit`: a gate each due
+/// row must pass (a per-key limit's, `keyed`).
 pub(super) fn lease_one(
     call: &Args,
     queue: Name,
@@ -235,6 +236,7 @@ pub(super) fn lease_one(
     from: Position,
     due: TimestampWithTimeZone,
     hand: Hand<'_>,
+    admit: Option<access::Admitting<'_>>,
 ) -> Result<Option<Taken>> {
     let Some(q) = queue.into_datum() else {
         return Ok(None);
@@ -252,6 +254,7 @@ pub(super) fn lease_one(
             due.into(),
             until,
             now.into(),
+            admit,
             |row| got = Some((Text::copied(row.key), row.place, row.tid)),
         )
     })?
@@ -339,13 +342,11 @@ pub(crate) fn take(
         }
         Ok(())
     };
-    // a per-key limit: one statement for the whole take (`keyed`)
-    if gate.as_ref().is_some_and(|g| g.keyed()) {
-        let rows = keyed::take(call, queue, lease, max as usize, hand)?;
-        return close(rows);
-    }
+    // a per-key limit: a statement of its own for each scan, which reads
+    // the levels above the default priority too (`keyed`)
+    let keyed = gate.as_ref().is_some_and(|g| g.keyed());
     // the rows above the default priority first, where there are any
-    let first = match priority::to_look(queue) {
+    let first = match priority::to_look(queue).filter(|_| !keyed) {
         Some(mark) => priority::take(call, queue, lease, max as usize, mark, hand)?,
         None => 0,
     };
@@ -368,6 +369,9 @@ pub(crate) fn take(
         .zip(generation)
         .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
     let take = |left: usize, from: Position, due: TimestampWithTimeZone| {
+        if keyed {
+            return keyed::take_from(call, queue, lease, left, from, due, hand);
+        }
         take_from(
             call,
             stmt,

@@ -1803,3 +1803,88 @@ fn sweep_removes_the_places_of_keys_gone_from_their_queue() {
     );
     assert_eq!(count("sturdy.queue_key_places WHERE key = 'k1'"), 2);
 }
+
+/// A one-row take of a limited queue locks and writes its place without a
+/// statement, and the pass's `done` in the same backend frees that very
+/// version; a key without places goes by the statement, which makes them.
+#[pg_test]
+fn one_row_takes_hold_places_without_a_statement_and_their_done_frees_them() {
+    let served = crate::access::served;
+    Spi::run(
+        "SELECT sturdy.schedule(w, now() - interval '1 minute' + n * interval '1 second', 'capped')
+           FROM unnest(array['r1', 'r2']) WITH ORDINALITY AS t(w, n);
+         SELECT sturdy.limit_queue('capped', running => 1);",
+    )
+    .unwrap();
+    let taken = |queue: &str| {
+        one::<String>(&format!(
+            "SELECT string_agg(workflow, ',') FROM sturdy.take('{queue}')"
+        ))
+    };
+    let before = served();
+    assert_eq!(taken("capped").as_deref(), Some("r1"));
+    assert_eq!(
+        served(),
+        before + 3,
+        "the place locked, the row leased, the place written"
+    );
+    assert_eq!(
+        one::<bool>(
+            "SELECT p.workflow = 'r1' AND p.receipt = q.leased_until
+               FROM sturdy.queue_places p, sturdy.queue q
+              WHERE p.queue = 'capped' AND q.workflow = 'r1'"
+        ),
+        Some(true),
+        "the pass in its place"
+    );
+    assert_eq!(taken("capped"), None, "no place left");
+    let before = served();
+    assert_eq!(
+        one::<bool>(
+            "SELECT sturdy.done('r1', leased_until, 'capped') FROM sturdy.queue WHERE workflow = 'r1'"
+        ),
+        Some(true)
+    );
+    assert_eq!(served(), before + 2, "the row deleted, the place freed where it lives");
+    assert_eq!(
+        count("sturdy.queue_places WHERE workflow IS NULL AND receipt IS NULL"),
+        1
+    );
+    assert_eq!(taken("capped").as_deref(), Some("r2"));
+
+    // per key: rows of a key whose place is held are passed over
+    Spi::run(
+        "SELECT sturdy.schedule(w, now() - interval '1 minute' + n * interval '1 second', 'keyed', key => k)
+           FROM unnest(array['k1', 'k2', 'k3'], array['acme', 'acme', 'zeta']) WITH ORDINALITY AS t(w, k, n);
+         SELECT sturdy.schedule('n1', now() - interval '10 seconds', 'keyed');
+         SELECT sturdy.limit_queue('keyed', per_key => 1);",
+    )
+    .unwrap();
+    let before = served();
+    assert_eq!(taken("keyed").as_deref(), Some("k1"));
+    assert_eq!(served(), before + 3);
+    assert_eq!(taken("keyed").as_deref(), Some("k3"), "k2 waits for acme's place");
+    assert_eq!(taken("keyed").as_deref(), Some("n1"), "a row without a key");
+    assert_eq!(taken("keyed"), None);
+    assert_eq!(
+        count("sturdy.queue_key_places WHERE workflow IS NOT NULL AND receipt > now()"),
+        2
+    );
+    // a key met without places: by the statement, which makes them
+    Spi::run("SELECT sturdy.schedule('k4', now() - interval '5 seconds', 'keyed', key => 'new')")
+        .unwrap();
+    assert_eq!(taken("keyed").as_deref(), Some("k4"));
+    assert_eq!(
+        one::<String>("SELECT workflow FROM sturdy.queue_key_places WHERE key = 'new'").as_deref(),
+        Some("k4")
+    );
+    let before = served();
+    assert_eq!(
+        one::<bool>(
+            "SELECT sturdy.done('k1', leased_until, 'keyed') FROM sturdy.queue WHERE workflow = 'k1'"
+        ),
+        Some(true)
+    );
+    assert_eq!(served(), before + 2, "the row deleted, acme's place freed where it lives");
+    assert_eq!(taken("keyed").as_deref(), Some("k2"));
+}
