@@ -8,7 +8,8 @@ clients, side by side in one run of one cluster, alternating:
     1e6 (every take refills and spends the bucket, the takes of the queue
     one at a time through its row lock); with per_key = 1 over 1,000 keys
     (bench/sturdy_cycle_keyed.sql: every row has a key, every take goes by
-    its key's places);
+    its key's places), against the same cycle on rows with keys and no
+    limit (the key's index and wider rows cost the schedule either way);
   - the plain statements of bench/plain_cycle.sql on a table of the seed's
     shape, without a limit, and with a counter row raised before the take
     and lowered after the delete (bench/plain_cycle_counter.sql), and with a
@@ -43,8 +44,9 @@ CASES = [
      "SELECT sturdy.limit_queue('capped', running => 64)", "pg_sturdy, no limit"),
     ("pg_sturdy, per_second = burst = 1e6", "sturdy_cycle_queue.sql", "rated",
      "SELECT sturdy.limit_queue('rated', per_second => 1e6, burst => 1000000)", "pg_sturdy, no limit"),
+    ("pg_sturdy, keys, no limit", "sturdy_cycle_keyed.sql", "keyfree", None, "pg_sturdy, keys, no limit"),
     ("pg_sturdy, per_key = 1 over 1,000 keys", "sturdy_cycle_keyed.sql", "keyed",
-     "SELECT sturdy.limit_queue('keyed', per_key => 1)", "pg_sturdy, no limit"),
+     "SELECT sturdy.limit_queue('keyed', per_key => 1)", "pg_sturdy, keys, no limit"),
     ("plain statements, no limit", "plain_cycle.sql", None, None, "plain statements, no limit"),
     ("plain statements, a counter row at 64", "plain_cycle_counter.sql", None, None, "plain statements, no limit"),
     ("plain statements, a counter row per key at 1", "plain_cycle_keyed.sql", None, None,
@@ -103,7 +105,7 @@ def main():
         for _, _, queue, limit, _ in CASES:
             if queue:
                 # a backlog of 3,000, under 1,000 keys where the queue has them
-                key = ", key => 'tenant-' || (i % 1000 + 1)" if queue == "keyed" else ""
+                key = ", key => 'tenant-' || (i % 1000 + 1)" if queue in ("keyed", "keyfree") else ""
                 psql(f"SELECT sturdy.schedule('backlog-' || i, now() - interval '1 minute', '{queue}'{key})"
                      " FROM generate_series(1, 3000) i")
             if limit:

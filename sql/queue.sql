@@ -179,8 +179,8 @@ CREATE TABLE sturdy.queue_key_places (
     receipt  timestamptz,
     PRIMARY KEY (queue, key, place)
 );
--- done, finish and wake_at free a pass's place by its workflow
-CREATE INDEX queue_key_places_held ON sturdy.queue_key_places (queue, workflow) WHERE workflow IS NOT NULL;
+-- No index on workflow: done, finish and wake_at find a pass's place by its
+-- row's key (the primary key's prefix), and a place's update stays HOT.
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_key_places', '');
 COMMENT ON TABLE sturdy.queue_key_places IS
     'The per_key limit''s places: per key of a limited queue, held by a pass from its take until done, finish or wake_at, or until its receipt passes.';

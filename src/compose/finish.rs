@@ -177,13 +177,15 @@ fn finish(
         .map(|s| parse_status("status", Some(s)))
         .transpose()?;
     let queue = args::name("queue", queue)?;
+    // the pass's places freed while its row is there (its key finds them);
+    // a stale token's error below undoes it with the rest
+    queue::ended(queue, workflow, receipt)?;
 
     if to.is_none()
         && let Some((current, removed)) =
             finish_here(workflow, token, receipt, step.zip(value), queue)?
     {
         claim::check_token(workflow, token, current)?;
-        queue::ended(queue, workflow, receipt)?;
         return Ok(removed);
     }
     let statement = &FINISH[usize::from(to.is_some())][usize::from(step.is_some())];
@@ -215,7 +217,6 @@ fn finish(
             to: to.into(),
         });
     }
-    queue::ended(queue, workflow, receipt)?;
     Ok(removed.unwrap_or(false))
 }
 

@@ -44,9 +44,9 @@ pub(super) fn done(
     let workflow = args::name("workflow", workflow)?;
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
-    let removed = remove(workflow, receipt, queue)?;
+    // (first: the row's key finds its place)
     limits::ended(queue, workflow, receipt)?;
-    Ok(removed)
+    remove(workflow, receipt, queue)
 }
 
 /// `done`'s removal of the row.
@@ -144,9 +144,9 @@ pub(super) fn done_many(
     if pairs == 0 {
         return Ok(0);
     }
-    let removed = remove_many(workflows, receipts, queue, pairs)?;
+    // (first: the rows' keys find their places)
     limits::ended_many(queue, workflows, receipts)?;
-    Ok(removed)
+    remove_many(workflows, receipts, queue, pairs)
 }
 
 /// `done_many`'s removal of the `pairs` rows.

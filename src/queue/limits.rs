@@ -381,10 +381,14 @@ static FREE_PLACE: [Statement; 2] = [
         writes: true,
         generic: false,
     },
+    // (by the key of the pass's row, which is still there: see `ended`)
     Statement {
         sql: "UPDATE sturdy.queue_key_places SET workflow = NULL, receipt = NULL
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
-                 AND receipt OPERATOR(pg_catalog.=) $3",
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND key OPERATOR(pg_catalog.=) (SELECT q.key FROM sturdy.queue q
+                                                  WHERE q.queue OPERATOR(pg_catalog.=) $1
+                                                    AND q.workflow OPERATOR(pg_catalog.=) $2)
+                 AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3",
         args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
         writes: true,
         generic: false,
@@ -501,7 +505,10 @@ static FREE_PLACES_OF: [Statement; 2] = [
     Statement {
         sql: "UPDATE sturdy.queue_key_places p SET workflow = NULL, receipt = NULL
                 FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3)) AS d(workflow, receipt)
-               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
+                JOIN sturdy.queue q ON q.queue OPERATOR(pg_catalog.=) $1
+                                   AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                 AND p.workflow OPERATOR(pg_catalog.=) d.workflow
                  AND p.receipt OPERATOR(pg_catalog.=) d.receipt",
         args: &[
             pg_sys::TEXTOID,
@@ -513,7 +520,7 @@ static FREE_PLACES_OF: [Statement; 2] = [
     },
 ];
 
-/// [`ended`] for the passes of `done_many`.
+/// [`ended`] for the passes of `done_many`, their rows still there.
 pub(super) fn ended_many(
     queue: Name,
     workflows: TextArray,
@@ -529,9 +536,13 @@ pub(super) fn ended_many(
     Ok(())
 }
 
-/// A pass of `workflow` with `receipt` ended (`done`, `finish`, `wake_at`):
+/// A pass of `workflow` with `receipt` ends (`done`, `finish`, `wake_at`):
 /// where its queue has a running or per-key limit, its places are free
-/// again.
+/// again. Called while the pass's row is still there: a key's place is
+/// found by the row's key, where this backend does not know where it lives
+/// (its take ran elsewhere). A row gone, or given another key since the
+/// take, leaves its place to be freed when the receipt passes: the limit
+/// holds one place fewer for the key meanwhile, never one more.
 pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<()> {
     for held in of(queue)?.iter().flat_map(Limits::held) {
         if free_placed(held, queue, workflow, receipt.into())? {

@@ -1887,4 +1887,30 @@ fn one_row_takes_hold_places_without_a_statement_and_their_done_frees_them() {
     );
     assert_eq!(served(), before + 2, "the row deleted, acme's place freed where it lives");
     assert_eq!(taken("keyed").as_deref(), Some("k2"));
+    // a batch's places, written by its statement, freed by the rows' keys
+    Spi::run(
+        "SELECT sturdy.schedule(w, now() - interval '30 seconds', 'keyed', key => k)
+           FROM unnest(array['b1', 'b2'], array['bx', 'by']) AS t(w, k);
+         CREATE TEMP TABLE batch AS SELECT * FROM sturdy.take('keyed', max => 5);",
+    )
+    .unwrap();
+    assert_eq!(count("batch"), 2);
+    let held = |key: &str| {
+        count(&format!(
+            "sturdy.queue_key_places WHERE key = '{key}' AND receipt > now()"
+        ))
+    };
+    assert_eq!((held("bx"), held("by")), (1, 1));
+    assert_eq!(
+        one::<bool>("SELECT sturdy.done(workflow, receipt, 'keyed') FROM batch WHERE workflow = 'b1'"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<i64>(
+            "SELECT sturdy.done_many(array_agg(workflow), array_agg(receipt), 'keyed')
+               FROM batch WHERE workflow = 'b2'"
+        ),
+        Some(1)
+    );
+    assert_eq!((held("bx"), held("by")), (0, 0));
 }
