@@ -35,6 +35,8 @@ REFUSE = [
     "CREATE INDEX fp_refuse ON sturdy.queue ((workflow || ''))",
     "CREATE INDEX fp_refuse_claims ON sturdy.claims ((workflow || ''))",
     "CREATE INDEX fp_refuse_checkpoints ON sturdy.checkpoints ((step || ''))",
+    "CREATE INDEX fp_refuse_places ON sturdy.queue_places ((queue || ''))",
+    "CREATE INDEX fp_refuse_key_places ON sturdy.queue_key_places ((key || ''))",
 ]
 
 
@@ -97,7 +99,8 @@ def tables(c):
     `nextval` runs before it finds a row to update, the fast path's only
     when it inserts: gaps differ, order does not)."""
     out = {}
-    for table, order in [("queue", "queue, workflow"), ("claims", "workflow"), ("checkpoints", "workflow, step")]:
+    for table, order in [("queue", "queue, workflow"), ("claims", "workflow"), ("checkpoints", "workflow, step"),
+                         ("queue_places", "queue, place"), ("queue_key_places", "queue, key, place")]:
         rank = " || jsonb_build_object('seq', dense_rank() OVER (ORDER BY seq))" if table == "queue" else ""
         rows = c.execute(f"SELECT to_jsonb(t){rank} FROM sturdy.{table} t ORDER BY {order}").fetchall()
         out[table] = [normal(r[0]) for r in rows]
@@ -147,6 +150,43 @@ BASE = [
     S("s7", "SELECT sturdy.schedule(%s, now() - interval '1 second', 'q')", lambda r: (first("t6", 0)(r),)),
     S("d4", "SELECT sturdy.done(%s, %s::timestamptz, 'q')", lambda r: (first("t6", 0)(r), first("t6", 1)(r))),
     S("c3", "SELECT sturdy.claim('c2', '1 minute', 'me')"),
+]
+
+
+def took(name, queue):
+    """The done of what step `name` took, on both sides."""
+    return S(f"done {name}", f"SELECT sturdy.done(%s, %s::timestamptz, '{queue}')",
+             lambda r: (first(name, 0)(r), first(name, 1)(r)))
+
+
+def take1(name, queue):
+    return S(name, f"SELECT workflow, receipt, token FROM sturdy.take('{queue}', '1 minute')")
+
+
+# Limited queues: the places one-row takes lock and write, the dones that
+# free them where the take left them or by the row's key, lapsed leases,
+# a key met without places, a batch (its statement on both sides).
+LIMITED = [
+    ("admin", ["SELECT sturdy.limit_queue('lq', running => 2)", "SELECT sturdy.limit_queue('kq', per_key => 1)"]),
+    S("ls", "SELECT sturdy.schedule('l' || i, now() - interval '1 minute' + i * interval '1 second', 'lq')"
+            " FROM generate_series(1, 5) i"),
+    S("ks", "SELECT sturdy.schedule('k' || i, now() - interval '1 minute' + i * interval '1 second', 'kq',"
+            " key => 'key' || (i % 2)) FROM generate_series(1, 5) i"),
+    take1("lt1", "lq"), take1("lt2", "lq"), take1("lt3", "lq"),
+    took("lt1", "lq"), take1("lt4", "lq"),
+    take1("kt1", "kq"), take1("kt2", "kq"), take1("kt3", "kq"),
+    took("kt1", "kq"), take1("kt4", "kq"),
+    S("kw", "SELECT sturdy.wake_at(%s, %s::timestamptz, now() + interval '1 hour', 'kq')",
+      lambda r: (first("kt4", 0)(r), first("kt4", 1)(r))),
+    S("kn", "SELECT sturdy.schedule('k9', now() - interval '2 minutes', 'kq', key => 'fresh')"),
+    take1("kt5", "kq"), took("kt5", "kq"),
+    expire("lq"), expire("kq"),
+    take1("lt5", "lq"), took("lt2", "lq"), take1("lt6", "lq"), took("lt5", "lq"),
+    take1("kt6", "kq"), took("kt2", "kq"), take1("kt7", "kq"),
+    S("lb", "SELECT workflow, receipt, token FROM sturdy.take('lq', '1 minute', 2)"),
+    S("lbd", "SELECT sturdy.done_many(array[%s], array[%s::timestamptz], 'lq')",
+      lambda r: (first("lb", 0)(r), first("lb", 1)(r))),
+    take1("lt7", "lq"),
 ]
 
 
@@ -435,6 +475,12 @@ def test_differential_untouched_tables():
 def test_differential_isolation_levels():
     for mode in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE", "one"]:
         diffs = differ([], BASE, mode=mode)
+        assert not diffs, f"{mode}: " + "; ".join(diffs[:4])
+
+
+def test_differential_limited_queues():
+    for mode in ["autocommit", "READ COMMITTED", "REPEATABLE READ", "one"]:
+        diffs = differ([], LIMITED, mode=mode)
         assert not diffs, f"{mode}: " + "; ".join(diffs[:4])
 
 

@@ -96,6 +96,16 @@ impl Opened {
             .flatten()
     }
 
+    /// The `integer` column `col` of a row [`Opened::lock`] (or
+    /// [`Opened::lock_free`]) locked.
+    pub fn int4(&self, row: &Locked, col: Col) -> Option<i32> {
+        (self.shape.types[col.0] == pg_sys::INT4OID)
+            // SAFETY: as in `int8`, for an `integer`, passed by value too.
+            .then(|| unsafe { slot_value(row.slot, self.shape.attnums[col.0]) })
+            .flatten()
+            .map(|v| v.value() as i32)
+    }
+
     /// The `timestamptz` column `col` of a row [`Opened::lock`] locked.
     pub fn timestamptz(&self, row: &Locked, col: Col) -> Option<pg_sys::TimestampTz> {
         (self.shape.types[col.0] == pg_sys::TIMESTAMPTZOID)

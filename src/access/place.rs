@@ -17,22 +17,23 @@ pub enum Free {
 }
 
 impl Opened {
-    /// Whether [`Opened::lock_free`] can be done here: the primary key
-    /// begins with `group` (`text` columns) and has a column more, and
-    /// `free` is a `timestamptz`.
-    pub fn can_lock_free(&self, group: &[Col], free: Col) -> bool {
+    /// Whether [`Opened::lock_free`] can be done here: the primary key is
+    /// `group` (`text` columns) and then `place`, an `integer`, and `free`
+    /// is a `timestamptz`.
+    pub fn can_lock_free(&self, group: &[Col], place: Col, free: Col) -> bool {
         let shape = &self.shape;
         self.may(pg_sys::ACL_UPDATE)
             && group.len() <= MAX_KEYS
             && shape.types[free.0] == pg_sys::TIMESTAMPTZOID
+            && shape.types[place.0] == pg_sys::INT4OID
             && group.iter().all(|c| shape.types[c.0] == pg_sys::TEXTOID)
             && shape.indexes.iter().any(|index| {
                 index.oid == shape.pkey
-                    && index.keys.len() > group.len()
+                    && index.keys.len() == group.len() + 1
                     && index
                         .keys
                         .iter()
-                        .zip(group)
+                        .zip(group.iter().chain([&place]))
                         .all(|(k, c)| *k == shape.attnums[c.0])
             })
     }
@@ -44,21 +45,47 @@ impl Opened {
     /// UPDATE SKIP LOCKED` locks it: one another transaction holds is
     /// passed over; read committed, one changed and committed since our
     /// snapshot is followed to its newest version and rechecked (its group
-    /// and `free`), under repeatable read or serializable it fails with
-    /// `40001`. The lock stays to the end of the transaction. `None` when
-    /// it cannot be done here.
+    /// and `free`; that version is read before it is locked, and one not
+    /// free is passed over unlocked), under repeatable read or serializable
+    /// it fails with `40001`. The lock stays to the end of the transaction.
+    /// With `start`, the places from `start` on are looked at first (a
+    /// backend that goes back to the place it held last meets no other
+    /// taker there). `None` when it cannot be done here.
     pub fn lock_free(
         &self,
         group: &[(Col, pg_sys::Datum)],
+        place: Col,
         free: Col,
         due: pg_sys::TimestampTz,
+        start: Option<i32>,
     ) -> Result<Option<Free>> {
         let Some((cols, n)) = cols_of(group) else {
             return Ok(None);
         };
-        if !self.can_lock_free(&cols[..n], free) {
+        if !self.can_lock_free(&cols[..n], place, free) {
             return Ok(None);
         }
+        // from `start` on first; where nothing there is free, the whole
+        // group (the places before `start` are the ones not yet looked at)
+        if let Some(start) = start {
+            match self.lock_free_from(group, free, due, Some(start))? {
+                Free::NoRows | Free::NoneFree => {}
+                locked => return Ok(Some(locked)),
+            }
+        }
+        self.lock_free_from(group, free, due, None).map(Some)
+    }
+
+    /// [`Opened::lock_free`]'s scan, of the places from `start` on (or
+    /// all), its checks done.
+    fn lock_free_from(
+        &self,
+        group: &[(Col, pg_sys::Datum)],
+        free: Col,
+        due: pg_sys::TimestampTz,
+        start: Option<i32>,
+    ) -> Result<Free> {
+        let n = group.len();
         let (rel, shape) = (self.rel.0, &self.shape);
         let free = shape.attnums[free.0];
         // SAFETY: inside a transaction, with the table open for writing;
@@ -73,8 +100,23 @@ impl Opened {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
             let found = pg_sys::table_slot_create(rel, std::ptr::null_mut());
             let locked = pg_sys::table_slot_create(rel, std::ptr::null_mut());
-            let mut keys = key_scan(index.0, group);
-            let scan = begin_scan(rel, index.0, snapshot, &mut keys[..n], false);
+            let mut keys: [pg_sys::ScanKeyData; MAX_KEYS + 1] = std::mem::zeroed();
+            keys[..MAX_KEYS].copy_from_slice(&key_scan(index.0, group));
+            let mut k = n;
+            if let Some(start) = start {
+                pg_sys::ScanKeyEntryInitialize(
+                    &mut keys[n],
+                    0,
+                    (n + 1) as pg_sys::AttrNumber,
+                    pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber,
+                    pg_sys::InvalidOid,
+                    pg_sys::InvalidOid,
+                    pg_sys::Oid::from(pg_sys::F_INT4GE),
+                    pg_sys::Datum::from(start),
+                );
+                k += 1;
+            }
+            let scan = begin_scan(rel, index.0, snapshot, &mut keys[..k], false);
             let is_free = |slot| timestamptz(slot, free).is_none_or(|t| t <= due);
             let mut any = false;
             let outcome = loop {
@@ -90,21 +132,38 @@ impl Opened {
                     continue;
                 }
                 let mut tid = (*found).tts_tid;
-                let flags = if repeatable() {
-                    0
-                } else {
-                    pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8
+                let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
+                    lock_version(
+                        rel,
+                        tid,
+                        snapshot,
+                        locked,
+                        cid,
+                        pg_sys::LockTupleMode::LockTupleExclusive,
+                        pg_sys::LockWaitPolicy::LockWaitSkip,
+                        flags as u8,
+                    )
                 };
-                let (result, _) = lock_version(
-                    rel,
-                    &mut tid,
-                    snapshot,
-                    locked,
-                    cid,
-                    pg_sys::LockTupleMode::LockTupleExclusive,
-                    pg_sys::LockWaitPolicy::LockWaitSkip,
-                    flags,
-                );
+                let (mut result, failure) = lock(&mut tid, 0);
+                if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
+                    // Changed since our snapshot, by a commit: most often
+                    // another take holding it. Its newest version is read
+                    // unlocked first and locked only where free: a lock
+                    // taken only to find it held would stay to our commit
+                    // and make that pass's `done` wait for us.
+                    let mut next = failure.ctid;
+                    if pg_sys::table_tuple_fetch_row_version(
+                        rel,
+                        &mut next,
+                        &raw mut pg_sys::SnapshotAnyData,
+                        locked,
+                    ) && !is_free(locked)
+                        && looks_newest(locked)
+                    {
+                        continue;
+                    }
+                    (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
+                }
                 if let Some(e) = changed_since_snapshot(result) {
                     break Err(e);
                 }
@@ -137,7 +196,7 @@ impl Opened {
                 pg_sys::UnregisterSnapshot(snapshot);
             }
             count_served();
-            outcome.map(Some)
+            outcome
         }
     }
 

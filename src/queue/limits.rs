@@ -59,17 +59,18 @@ static LIMITS: access::Table = access::Table::new(
 static RUNNING_PLACES: access::Table = access::Table::new(
     c"sturdy",
     c"queue_places",
-    &[c"queue", c"workflow", c"receipt"],
+    &[c"queue", c"workflow", c"receipt", c"place"],
 );
 static KEY_PLACES: access::Table = access::Table::new(
     c"sturdy",
     c"queue_key_places",
-    &[c"queue", c"workflow", c"receipt", c"key"],
+    &[c"queue", c"workflow", c"receipt", c"place", c"key"],
 );
 const P_QUEUE: access::Col = access::Col(0);
 const P_WORKFLOW: access::Col = access::Col(1);
 const P_RECEIPT: access::Col = access::Col(2);
-const P_KEY: access::Col = access::Col(3);
+const P_PLACE: access::Col = access::Col(3);
+const P_KEY: access::Col = access::Col(4);
 
 /// What a pass writes into a place, and its end clears: both NULL-able.
 const HOLDING: [(access::Col, pg_sys::Oid, bool); 2] = [
@@ -110,10 +111,16 @@ thread_local! {
     /// checked for the queue, workflow and receipt as it is rewritten, and
     /// anything else goes by the statement.
     static PLACED: RefCell<Vec<Placed>> = const { RefCell::new(Vec::new()) };
+    /// Per queue, the running place this backend's last take locked: its
+    /// next take looks from there first, where no other taker is (each
+    /// goes back to its own), instead of every taker from the first place.
+    static LAST_PLACE: RefCell<HashMap<Vec<u8>, i32>> = RefCell::new(HashMap::new());
 }
 
-/// The most [`PLACED`] keeps; past it, the oldest go.
+/// The most [`PLACED`] keeps; past it, the oldest go; and the most queues
+/// `LAST_PLACE` keeps, past which it forgets them all.
 const PLACED_KEPT: usize = 16;
+const LAST_KEPT: usize = 1024;
 
 /// The first free place of `group` (the queue, and for a key's places the
 /// key), locked without a statement; `None` where a statement must.
@@ -121,6 +128,7 @@ fn lock_place(
     table: &'static access::Table,
     group: &[(access::Col, pg_sys::Datum)],
     due: pg_sys::TimestampTz,
+    start: Option<i32>,
 ) -> Result<Option<Place>> {
     let Some(opened) = table.opened(&[pg_sys::ACL_UPDATE]) else {
         return Ok(None);
@@ -129,7 +137,7 @@ fn lock_place(
         return Ok(None);
     }
     Ok(opened
-        .lock_free(group, P_RECEIPT, due)?
+        .lock_free(group, P_PLACE, P_RECEIPT, due, start)?
         .map(|free| match free {
             access::Free::Locked(row) => Place::Held(Held { table: opened, row }),
             access::Free::NoneFree => Place::NoneFree,
@@ -144,7 +152,7 @@ pub(super) fn lock_key_place(
     key: pg_sys::Datum,
     due: pg_sys::TimestampTz,
 ) -> Result<Option<Place>> {
-    lock_place(&KEY_PLACES, &[(P_QUEUE, queue), (P_KEY, key)], due)
+    lock_place(&KEY_PLACES, &[(P_QUEUE, queue), (P_KEY, key)], due, None)
 }
 
 impl Held {
@@ -426,11 +434,26 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
     if gate.allowed == 1
         && limits.running.is_some()
         && let Some(q) = queue.into_datum()
-        && let Some(place) =
-            lock_place(&RUNNING_PLACES, &[(P_QUEUE, q)], pgrx::datum::now().into())?
+        && let Some(place) = lock_place(
+            &RUNNING_PLACES,
+            &[(P_QUEUE, q)],
+            pgrx::datum::now().into(),
+            LAST_PLACE.with(|l| l.borrow().get(queue.bytes()).copied()),
+        )?
     {
         match place {
-            Place::Held(held) => gate.held = Some(held),
+            Place::Held(held) => {
+                if let Some(number) = held.table.int4(&held.row, P_PLACE) {
+                    LAST_PLACE.with(|l| {
+                        let mut l = l.borrow_mut();
+                        if l.len() >= LAST_KEPT {
+                            l.clear();
+                        }
+                        l.insert(queue.bytes().to_vec(), number);
+                    });
+                }
+                gate.held = Some(held);
+            }
             Place::NoneFree | Place::NoRows => gate.allowed = 0,
         }
     } else if gate.allowed > 0 && limits.running.is_some() {
