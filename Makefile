@@ -17,7 +17,7 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 AB_FEATURES ?=
 CARGO_FEATURES = --no-default-features --features "pg$(PG_MAJOR) $(AB_FEATURES)"
 
-.PHONY: demo test bench bench-outbox bench-batch soak instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean
+.PHONY: demo test bench bench-outbox bench-batch soak instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean ui ui-build
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -41,11 +41,26 @@ demo: bootstrap
 	$(MAKE) install
 	scripts/demo.sh
 
+# The operator dashboard (ui/, docs/dashboard.md): its own target directory,
+# built once for every version's suites (pg_test/test_ui.py runs it).
+UI_TARGET = $(CURDIR)/target/ui
+ui-build:
+	CARGO_TARGET_DIR=$(UI_TARGET) cargo build --quiet --release -p sturdy-ui
+	CARGO_TARGET_DIR=$(UI_TARGET) cargo test --quiet --release -p sturdy-ui
+
+# The dashboard against the demo's scratch cluster (its data left by a demo
+# run, or a small scene of its own): http://127.0.0.1:8089
+ui: bootstrap
+	$(MAKE) install
+	$(MAKE) ui-build
+	scripts/ui.sh
+
 # Everything, on every supported version, one after the other: formatting and
 # clippy, then per version the #[pg_test]s in a pgrx-managed cluster and the
 # out-of-process suites against a scratch cluster.
 test: bootstrap
 	$(MAKE) lint
+	$(MAKE) ui-build
 	set -e; for v in $(VERSIONS); do \
 	    env -u PG_CONFIG -u CARGO_TARGET_DIR $(MAKE) PG=$$v unit install-debug suites; done
 
@@ -53,6 +68,7 @@ lint:
 	cargo fmt --all -- --check
 	python3 scripts/rooms.py
 	cargo test --quiet -p pg_sturdy_macros
+	CARGO_TARGET_DIR=$(UI_TARGET) cargo clippy --quiet -p sturdy-ui --all-targets -- -D warnings
 	set -e; for v in $(VERSIONS); do \
 	    CARGO_TARGET_DIR=$(CURDIR)/target/pg$$v cargo clippy --quiet --lib --tests \
 	        --no-default-features --features "pg$$v pg_test" -- -D warnings; done

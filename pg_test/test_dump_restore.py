@@ -41,11 +41,12 @@ SELECT sturdy.schedule('keyed-' || i, now() - interval '1 minute', 'keyed-q', pr
   FROM generate_series(1, 12) i;
 SELECT sturdy.limit_queue('keyed-q', per_key => 1);
 SELECT count(*) FROM sturdy.take('keyed-q', max => 2);
+SELECT sturdy.sample();
 """
 
 # every table the extension keeps, and the unlogged hints it does not
 KEPT = ["claims", "checkpoints", "queue", "subscriptions", "outbox", "deliveries", "instances",
-        "idempotency_keys", "batches", "queue_limits", "queue_places", "queue_key_places"]
+        "idempotency_keys", "batches", "queue_limits", "queue_places", "queue_key_places", "samples"]
 
 
 def run(*cmd):

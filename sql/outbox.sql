@@ -73,6 +73,8 @@ CREATE INDEX deliveries_order ON sturdy.deliveries (subscriber, aggregate_id, id
     WHERE state = 'pending' AND aggregate_id IS NOT NULL;
 -- the foreign key's cascade, and cleanup by message
 CREATE INDEX deliveries_outbox ON sturdy.deliveries (outbox_id);
+-- the dead letters, page by page (sturdy-ui); few rows, if any
+CREATE INDEX deliveries_dead ON sturdy.deliveries (id) WHERE state = 'dead';
 SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries_id_seq', '');
 COMMENT ON SEQUENCE sturdy.deliveries_id_seq IS 'Ids of sturdy.deliveries (kept by pg_dump, so ids continue after a restore).';

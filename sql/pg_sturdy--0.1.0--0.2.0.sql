@@ -438,6 +438,8 @@ CREATE INDEX deliveries_order ON sturdy.deliveries (subscriber, aggregate_id, id
     WHERE state = 'pending' AND aggregate_id IS NOT NULL;
 -- the foreign key's cascade, and cleanup by message
 CREATE INDEX deliveries_outbox ON sturdy.deliveries (outbox_id);
+-- the dead letters, page by page (sturdy-ui); few rows, if any
+CREATE INDEX deliveries_dead ON sturdy.deliveries (id) WHERE state = 'dead';
 SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.deliveries_id_seq', '');
 COMMENT ON SEQUENCE sturdy.deliveries_id_seq IS 'Ids of sturdy.deliveries (kept by pg_dump, so ids continue after a restore).';
@@ -544,6 +546,8 @@ CREATE TABLE sturdy.idempotency_keys (
 );
 -- sweep: expired keys
 CREATE INDEX idempotency_keys_expiry ON sturdy.idempotency_keys (expires_at);
+-- an instance's key, shown with it (sturdy-ui)
+CREATE INDEX idempotency_keys_instance ON sturdy.idempotency_keys (instance);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.idempotency_keys', '');
 COMMENT ON TABLE sturdy.idempotency_keys IS
     'Start''s idempotency keys: while a key lives, a start with it returns the instance it first created.';
@@ -706,6 +710,108 @@ SELECT 'oldest snapshot',
 COMMENT ON VIEW sturdy.health IS
     'Is anything wrong: the oldest ready job, lapsed leases, the oldest pending delivery, dead deliveries, stuck instances, dead tuples in the busy tables and the oldest snapshot, each with ok by a documented threshold.';
 
+-- The operator dashboard's history (sturdy-ui, docs/dashboard.md): what
+-- sturdy.sample() read, one row per queue, per outbox subscription and per
+-- named batch job at each call (pg_cron or sturdy-ui call it once a
+-- minute). Pages read it instead of counting the live tables: a count kept
+-- once a minute. sweep trims it: samples older than a day go (or older than
+-- its older_than, where that is shorter).
+CREATE TABLE sturdy.samples (
+    sampled_at timestamptz NOT NULL,
+    kind       text        COLLATE "C" NOT NULL CHECK (kind IN ('queue', 'outbox', 'batch', 'instances', 'health')),
+    name       text        COLLATE "C" NOT NULL,
+    subscriber text        NOT NULL DEFAULT '',
+    figures    jsonb       NOT NULL,
+    PRIMARY KEY (kind, name, subscriber, sampled_at)
+);
+-- sweep's trim, oldest first
+CREATE INDEX samples_sampled_at ON sturdy.samples (sampled_at);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.samples', '');
+COMMENT ON TABLE sturdy.samples IS
+    'The dashboard''s history: one row per queue, outbox subscription, named batch job, instance status and health signal per sturdy.sample() call; sweep removes rows older than a day.';
+COMMENT ON COLUMN sturdy.samples.sampled_at IS 'The sampling transaction''s now().';
+COMMENT ON COLUMN sturdy.samples.kind IS 'queue, outbox (a subscription: name is the event), batch (a named batch job), instances (name: a status, or stuck) or health (name: a signal of sturdy.health).';
+COMMENT ON COLUMN sturdy.samples.name IS 'The queue, the event, or the batch job''s name.';
+COMMENT ON COLUMN sturdy.samples.subscriber IS 'The subscriber of an outbox sample; empty for the other kinds.';
+COMMENT ON COLUMN sturdy.samples.figures IS
+    'What was read. queue: ready, leased, sleeping, held_back, paused, oldest_ready_seconds, ended (rows gone or rescheduled since the previous sample), rows and mark (the highest seq, for the next ended). outbox: pending, retrying, dead, oldest_pending_seconds, delivered (since the previous sample). batch: done, remaining, chunk, last_seconds, complete. instances: count. health: value, ok, meaning.';
+
+CREATE FUNCTION sturdy.sample() RETURNS integer
+    LANGUAGE sql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+WITH previous AS (
+    -- the last sample of each thing sampled within the hour
+    SELECT DISTINCT ON (p.kind, p.name, p.subscriber) p.kind, p.name, p.subscriber, p.sampled_at, p.figures
+      FROM sturdy.samples p
+     WHERE p.sampled_at > now() - interval '1 hour'
+     ORDER BY p.kind, p.name, p.subscriber, p.sampled_at DESC),
+queues AS (
+    -- every queue with rows, and those sampled within the hour that have none now
+    SELECT COALESCE(s.queue, p.name) AS queue, s.ready, s.leased, s.sleeping, s.held_back, s.paused,
+           s.oldest_ready_age, p.figures AS before
+      FROM sturdy.queue_stats s
+      FULL JOIN (SELECT * FROM previous WHERE kind = 'queue') p ON p.name = s.queue),
+outbox AS (
+    SELECT COALESCE(o.event, p.name) AS event, COALESCE(o.subscriber, p.subscriber) AS subscriber,
+           o.pending, o.retrying, o.dead, o.oldest_pending_age, p.sampled_at AS since
+      FROM sturdy.outbox_stats o
+      FULL JOIN (SELECT * FROM previous WHERE kind = 'outbox') p
+        ON p.name = o.event AND p.subscriber = o.subscriber),
+written AS (
+    INSERT INTO sturdy.samples (sampled_at, kind, name, subscriber, figures)
+    SELECT now(), 'queue', q.queue, '',
+           jsonb_build_object(
+               'ready', COALESCE(q.ready, 0), 'leased', COALESCE(q.leased, 0),
+               'sleeping', COALESCE(q.sleeping, 0), 'held_back', COALESCE(q.held_back, 0),
+               'paused', COALESCE(q.paused, false),
+               'oldest_ready_seconds', round(extract(epoch FROM q.oldest_ready_age), 3),
+               'rows', COALESCE(q.ready + q.leased + q.sleeping, 0),
+               'mark', m.mark,
+               'ended', CASE WHEN q.before IS NOT NULL THEN
+                            GREATEST(0, (q.before ->> 'rows')::bigint
+                                        - (SELECT count(*) FROM sturdy.queue x
+                                            WHERE x.queue = q.queue
+                                              AND x.seq <= COALESCE((q.before ->> 'mark')::bigint, 0)))
+                        END)
+      FROM queues q
+     CROSS JOIN LATERAL (SELECT max(x.seq) AS mark FROM sturdy.queue x WHERE x.queue = q.queue) m
+    UNION ALL
+    SELECT now(), 'outbox', o.event, o.subscriber,
+           jsonb_build_object(
+               'pending', COALESCE(o.pending, 0), 'retrying', COALESCE(o.retrying, 0),
+               'dead', COALESCE(o.dead, 0),
+               'oldest_pending_seconds', round(extract(epoch FROM o.oldest_pending_age), 3),
+               'delivered', CASE WHEN o.since IS NOT NULL THEN
+                                (SELECT count(*) FROM sturdy.deliveries d JOIN sturdy.outbox m ON m.id = d.outbox_id
+                                  WHERE m.event = o.event AND d.subscriber = o.subscriber
+                                    AND d.state = 'done' AND d.delivered_at > o.since)
+                            END)
+      FROM outbox o
+    UNION ALL
+    SELECT now(), 'batch', b.name, '',
+           jsonb_build_object('done', b.done, 'remaining', b.remaining, 'chunk', b.chunk,
+                              'last_seconds', b.last_seconds, 'complete', b.complete)
+      FROM sturdy.batch_jobs b
+     WHERE NOT b.complete OR b.finished_at > now() - interval '1 hour'
+    UNION ALL
+    SELECT now(), 'instances', s.status, '', jsonb_build_object('count', count(i.id))
+      FROM unnest(ARRAY['pending', 'running', 'succeeded', 'failed', 'cancelled']) AS s(status)
+      LEFT JOIN sturdy.instances i ON i.status = s.status
+     GROUP BY s.status
+    UNION ALL
+    SELECT now(), 'instances', 'stuck', '',
+           jsonb_build_object('count', (SELECT count(*) FROM sturdy.stuck('1 hour')))
+    UNION ALL
+    SELECT now(), 'health', h.signal, '', jsonb_build_object('value', h.value, 'ok', h.ok, 'meaning', h.meaning)
+      FROM sturdy.health h
+    ON CONFLICT (kind, name, subscriber, sampled_at) DO NOTHING
+    RETURNING 1)
+SELECT count(*)::integer FROM written
+$$;
+COMMENT ON FUNCTION sturdy.sample() IS
+    'Record the dashboard''s history: one row in sturdy.samples per queue (and per queue sampled within the hour that is empty now), per outbox subscription, per named batch job running or finished within the hour, per instance status (and stuck) and per sturdy.health signal; returns how many. Call it once a minute (pg_cron, or sturdy-ui does); sweep trims the history.';
+
 -- src/workflow.rs:436
 CREATE FUNCTION sturdy.status(business_key text) RETURNS TABLE (id bigint, process text, workflow text, status text, revision bigint, step text, last_error text, updated_at timestamptz) STABLE PARALLEL UNSAFE ROWS 1
     LANGUAGE c SECURITY INVOKER
@@ -755,7 +861,8 @@ REVOKE ALL ON SCHEMA sturdy FROM PUBLIC;
 
 
 -- sweep also trims the per_key limit's places of keys gone from their queue
--- (src/compose/sweep.rs): one more kind in its result.
-ALTER FUNCTION sturdy.sweep(interval, integer) ROWS 7;
+-- and the dashboard's samples (src/compose/sweep.rs): two more kinds in its
+-- result.
+ALTER FUNCTION sturdy.sweep(interval, integer) ROWS 8;
 COMMENT ON FUNCTION sturdy.sweep(older_than interval, max integer) IS
-    'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, at most max expired idempotency keys, and the free per_key places of at most max keys with no row left in their queue. Counts per kind; call it again (pg_cron) until the counts are zero.';
+    'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, at most max expired idempotency keys, the free per_key places of at most max keys with no row left in their queue, and at most max of the dashboard''s samples older than a day (or than older_than, where shorter). Counts per kind; call it again (pg_cron) until the counts are zero.';

@@ -56,6 +56,8 @@ CREATE TABLE sturdy.idempotency_keys (
 );
 -- sweep: expired keys
 CREATE INDEX idempotency_keys_expiry ON sturdy.idempotency_keys (expires_at);
+-- an instance's key, shown with it (sturdy-ui)
+CREATE INDEX idempotency_keys_instance ON sturdy.idempotency_keys (instance);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.idempotency_keys', '');
 COMMENT ON TABLE sturdy.idempotency_keys IS
     'Start''s idempotency keys: while a key lives, a start with it returns the instance it first created.';

@@ -976,15 +976,15 @@ mod tests {
         };
         assert_eq!(
             sweep(2),
-            "checkpoints=2 claims=0 idempotency_keys=1 instances=2 key_places=0 outbox=0 queue=2"
+            "checkpoints=2 claims=0 idempotency_keys=1 instances=2 key_places=0 outbox=0 queue=2 samples=0"
         );
         assert_eq!(
             sweep(2),
-            "checkpoints=1 claims=0 idempotency_keys=0 instances=1 key_places=0 outbox=0 queue=1"
+            "checkpoints=1 claims=0 idempotency_keys=0 instances=1 key_places=0 outbox=0 queue=1 samples=0"
         );
         assert_eq!(
             sweep(2),
-            "checkpoints=0 claims=0 idempotency_keys=0 instances=0 key_places=0 outbox=0 queue=0"
+            "checkpoints=0 claims=0 idempotency_keys=0 instances=0 key_places=0 outbox=0 queue=0 samples=0"
         );
         assert_eq!(
             text("SELECT string_agg(business_key, ',' ORDER BY id) FROM sturdy.instances")
@@ -1001,6 +1001,85 @@ mod tests {
         ] {
             assert_eq!(sqlstate_of(sql), state, "{sql}");
         }
+    }
+
+    /// `sample` keeps what the dashboard shows with history; `sweep`
+    /// trims it.
+    #[pg_test]
+    fn sample_records_queues_subscriptions_jobs_statuses_and_signals_and_sweep_trims_it() {
+        Spi::run(
+            "SELECT sturdy.schedule('s' || i, now() - interval '1 minute' + i * interval '1 second', 'sq')
+               FROM generate_series(1, 5) i;
+             SELECT count(*) FROM sturdy.take('sq', '1 minute', 2);
+             SELECT sturdy.start('ship', 'order-1');",
+        )
+        .unwrap();
+        let sample = || {
+            Spi::get_one::<i32>("SELECT sturdy.sample()")
+                .unwrap()
+                .unwrap()
+        };
+        let written = sample();
+        let figure = |kind: &str, name: &str, f: &str| {
+            text(&format!(
+                "SELECT figures->>'{f}' FROM sturdy.samples WHERE kind = '{kind}' AND name = '{name}'
+                  ORDER BY sampled_at DESC LIMIT 1"
+            ))
+        };
+        assert_eq!(figure("queue", "sq", "ready").as_deref(), Some("3"));
+        assert_eq!(figure("queue", "sq", "leased").as_deref(), Some("2"));
+        assert_eq!(figure("queue", "sq", "ended"), None, "no sample before it");
+        assert_eq!(
+            figure("instances", "pending", "count").as_deref(),
+            Some("1")
+        );
+        assert_eq!(figure("instances", "stuck", "count").as_deref(), Some("0"));
+        assert_eq!(
+            figure("health", "lapsed leases", "ok").as_deref(),
+            Some("true")
+        );
+        assert_eq!(count("sturdy.samples"), i64::from(written));
+        assert_eq!(sample(), 0, "one sample a transaction");
+        // a minute later: two rows done, one new; the queue `ship` emptied
+        Spi::run(
+            "UPDATE sturdy.samples SET sampled_at = sampled_at - interval '1 minute';
+             DELETE FROM sturdy.queue WHERE workflow IN ('s1', 's4') OR queue = 'ship';
+             SELECT sturdy.schedule('s9', now(), 'sq');",
+        )
+        .unwrap();
+        sample();
+        assert_eq!(figure("queue", "sq", "ended").as_deref(), Some("2"));
+        assert_eq!(figure("queue", "sq", "rows").as_deref(), Some("4"));
+        assert_eq!(
+            figure("queue", "ship", "rows").as_deref(),
+            Some("0"),
+            "a queue sampled within the hour and empty now"
+        );
+        assert_eq!(figure("queue", "ship", "ended").as_deref(), Some("1"));
+        // sweep: samples older than a day, or than older_than where shorter
+        let swept = |older_than: &str| {
+            Spi::get_one::<i64>(&format!(
+                "SELECT deleted FROM sturdy.sweep('{older_than}', 1000) WHERE kind = 'samples'"
+            ))
+            .unwrap()
+            .unwrap()
+        };
+        let first = count("sturdy.samples WHERE sampled_at < now()");
+        assert_eq!(swept("7 days"), 0);
+        assert_eq!(swept("30 seconds"), first);
+        assert!(count("sturdy.samples") > 0);
+        Spi::run("UPDATE sturdy.samples SET sampled_at = sampled_at - interval '25 hours'")
+            .unwrap();
+        let all = count("sturdy.samples");
+        assert_eq!(
+            Spi::get_one::<i64>(
+                "SELECT deleted FROM sturdy.sweep('7 days', 3) WHERE kind = 'samples'"
+            )
+            .unwrap(),
+            Some(3),
+            "at most max"
+        );
+        assert_eq!(swept("7 days"), all - 3);
     }
 
     #[pg_test]
