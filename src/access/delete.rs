@@ -34,33 +34,16 @@ impl Opened {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
             let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
             let mut at = tid;
-            // a page past the table's end (truncated by a vacuum, the table
-            // rewritten since) cannot be read; none can be cut off while we
-            // hold our lock, and none was since `tid` was learnt where this
-            // backend has taken in no invalidation since (a truncation sends
-            // one before it lets go of its lock, which ours waited for) and
-            // its own transaction has not given the table a new file (a
-            // `TRUNCATE`, `CLUSTER` or `VACUUM FULL` of its own, whose
-            // invalidation it takes in only locally, at once): then the
-            // table's size is not asked for, a system call a `done`
-            let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
-            #[cfg(feature = "pg15")]
-            let renewed = (*rel.0).rd_firstRelfilenodeSubid;
-            #[cfg(not(feature = "pg15"))]
-            let renewed = (*rel.0).rd_firstRelfilelocatorSubid;
-            let fits = ((Invalidations::now() == seen
-                // (InvalidSubTransactionId)
-                && renewed == 0)
-                || block
-                    < pg_sys::RelationGetNumberOfBlocksInFork(
-                        rel.0,
-                        pg_sys::ForkNumber::MAIN_FORKNUM,
-                    ))
-                && pg_sys::table_tuple_fetch_row_version(rel.0, &mut at, snapshot, slot)
-                && key
-                    .iter()
-                    .all(|&(col, v)| same_text(slot, shape.attnums[col.0], v))
-                && timestamptz(slot, shape.attnums[check.0]) == Some(equals);
+            let fits = still_there(
+                rel.0,
+                shape,
+                tid,
+                seen,
+                snapshot,
+                slot,
+                key,
+                (check, equals),
+            );
             let outcome = if fits {
                 let result = delete_version(rel.0, &mut at, cid, snapshot);
                 match changed_since_snapshot(result) {

@@ -426,43 +426,11 @@ impl Lease<'_> {
         // end of the scan; the lock is kept to the end of the transaction,
         // as `FOR UPDATE`'s is.
         unsafe {
-            let mut tid = (*found).tts_tid;
-            let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
-                lock_version(
-                    self.rel,
-                    tid,
-                    snapshot,
-                    locked,
-                    cid,
-                    pg_sys::LockTupleMode::LockTupleExclusive,
-                    pg_sys::LockWaitPolicy::LockWaitSkip,
-                    flags as u8,
-                )
-            };
-            let (mut result, failure) = lock(&mut tid, 0);
-            if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
-                // Changed since our snapshot, by a commit: most often
-                // another take's lease. A lock on the newest version, taken
-                // only to find it leased, would stay to our commit and make
-                // that taker's `done` wait for us; so the version the change
-                // made is read unlocked first, and the newest locked only
-                // when that one is due, or when it is not the newest itself
-                // (a row changed again since, say leased and then made due
-                // again in place: the statement locks the newest version and
-                // rechecks that, and so do we).
-                let mut next = failure.ctid;
-                if pg_sys::table_tuple_fetch_row_version(
-                    self.rel,
-                    &mut next,
-                    &raw mut pg_sys::SnapshotAnyData,
-                    locked,
-                ) && self.due_place(locked).is_none()
-                    && looks_newest(locked)
-                {
-                    return Ok(None);
-                }
-                (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
-            }
+            // (a version another take leased since is passed over unlocked:
+            // `lock_skipping`; one made due again in place is rechecked)
+            let result = lock_skipping(self.rel, (*found).tts_tid, snapshot, locked, cid, |v| {
+                self.due_place(v).is_some()
+            });
             if let Some(e) = changed_since_snapshot(result) {
                 return Err(e);
             }

@@ -145,31 +145,19 @@ impl Opened {
         if !Rc::ptr_eq(shape, &row.shape) || !self.can_update(&cols) {
             return Ok(None);
         }
-        let changed: Vec<pg_sys::AttrNumber> =
-            set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
         // SAFETY: the row is locked by us in `row.slot`, its snapshot
         // registered; the table is open for writing.
         unsafe {
             pg_sys::CheckCmdReplicaIdentity(self.rel.0, pg_sys::CmdType::CMD_UPDATE);
-            let version = rewrite(
+            let tid = rewrite_set(
                 self.rel.0,
                 shape,
                 row.slot,
                 (*row.slot).tts_tid,
                 row.cid,
                 row.snapshot,
-                &changed,
-                |values, nulls| {
-                    for (&(_, _, value), &attnum) in set.iter().zip(&changed) {
-                        let i = attnum as usize - 1;
-                        values[i] = value.unwrap_or(pg_sys::Datum::from(0));
-                        nulls[i] = value.is_none();
-                    }
-                    Ok(())
-                },
+                set,
             )?;
-            let tid = (*version).tts_tid;
-            pg_sys::ExecDropSingleTupleTableSlot(version);
             count_served();
             Ok(Some(tid))
         }

@@ -131,39 +131,7 @@ impl Opened {
                 if !is_free(found) {
                     continue;
                 }
-                let mut tid = (*found).tts_tid;
-                let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
-                    lock_version(
-                        rel,
-                        tid,
-                        snapshot,
-                        locked,
-                        cid,
-                        pg_sys::LockTupleMode::LockTupleExclusive,
-                        pg_sys::LockWaitPolicy::LockWaitSkip,
-                        flags as u8,
-                    )
-                };
-                let (mut result, failure) = lock(&mut tid, 0);
-                if result == pg_sys::TM_Result::TM_Updated && !repeatable() {
-                    // Changed since our snapshot, by a commit: most often
-                    // another take holding it. Its newest version is read
-                    // unlocked first and locked only where free: a lock
-                    // taken only to find it held would stay to our commit
-                    // and make that pass's `done` wait for us.
-                    let mut next = failure.ctid;
-                    if pg_sys::table_tuple_fetch_row_version(
-                        rel,
-                        &mut next,
-                        &raw mut pg_sys::SnapshotAnyData,
-                        locked,
-                    ) && !is_free(locked)
-                        && looks_newest(locked)
-                    {
-                        continue;
-                    }
-                    (result, _) = lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION);
-                }
+                let result = lock_skipping(rel, (*found).tts_tid, snapshot, locked, cid, is_free);
                 if let Some(e) = changed_since_snapshot(result) {
                     break Err(e);
                 }
@@ -243,22 +211,7 @@ impl Opened {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
             let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
             let mut place = tid;
-            let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
-            #[cfg(feature = "pg15")]
-            let renewed = (*rel).rd_firstRelfilenodeSubid;
-            #[cfg(not(feature = "pg15"))]
-            let renewed = (*rel).rd_firstRelfilelocatorSubid;
-            let fits = ((Invalidations::now() == seen && renewed == 0)
-                || block
-                    < pg_sys::RelationGetNumberOfBlocksInFork(
-                        rel,
-                        pg_sys::ForkNumber::MAIN_FORKNUM,
-                    ))
-                && pg_sys::table_tuple_fetch_row_version(rel, &mut place, snapshot, slot)
-                && equal
-                    .iter()
-                    .all(|&(col, v)| same_text(slot, shape.attnums[col.0], v))
-                && timestamptz(slot, shape.attnums[check.0]) == Some(at);
+            let fits = still_there(rel, shape, tid, seen, snapshot, slot, equal, (check, at));
             let outcome = if fits {
                 // locked as it stands, waiting for a holder: any change
                 // since (by a commit, or by this command) and it is not
@@ -276,29 +229,7 @@ impl Opened {
                 match changed_since_snapshot(result) {
                     Some(e) => Err(e),
                     None if result == pg_sys::TM_Result::TM_Ok => {
-                        let changed: Vec<pg_sys::AttrNumber> =
-                            set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
-                        rewrite(
-                            rel,
-                            shape,
-                            slot,
-                            place,
-                            cid,
-                            snapshot,
-                            &changed,
-                            |values, nulls| {
-                                for (&(_, _, value), &attnum) in set.iter().zip(&changed) {
-                                    let i = attnum as usize - 1;
-                                    values[i] = value.unwrap_or(pg_sys::Datum::from(0));
-                                    nulls[i] = value.is_none();
-                                }
-                                Ok(())
-                            },
-                        )
-                        .map(|version| {
-                            pg_sys::ExecDropSingleTupleTableSlot(version);
-                            Some(true)
-                        })
+                        rewrite_set(rel, shape, slot, place, cid, snapshot, set).map(|_| Some(true))
                     }
                     None => Ok(None),
                 }

@@ -507,3 +507,150 @@ pub(super) fn repeatable() -> bool {
     // SAFETY: reading a backend-local setting.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
 }
+
+/// The row version at `tid`, one this backend wrote or leased, read into
+/// `slot` where our snapshot still sees it there with `equal` (`text`
+/// columns) and `check` equal to `at`: whether it is so. A page past the
+/// table's end (truncated by a vacuum, the table rewritten since) cannot be
+/// read; none can be cut off while we hold our lock, and none was since
+/// `tid` was learnt where this backend has taken in no invalidation since
+/// (`seen`: a truncation sends one before it lets go of its lock, which ours
+/// waited for) and its own transaction has not given the table a new file
+/// (a `TRUNCATE`, `CLUSTER` or `VACUUM FULL` of its own, whose invalidation
+/// it takes in only locally, at once): then the table's size is not asked
+/// for, a system call a `done`.
+///
+/// # Safety
+/// `rel` is open, `slot` is one of its slots, `snapshot` is registered.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn still_there(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    tid: pg_sys::ItemPointerData,
+    seen: Invalidations,
+    snapshot: pg_sys::Snapshot,
+    slot: *mut pg_sys::TupleTableSlot,
+    equal: &[(Col, pg_sys::Datum)],
+    (check, at): (Col, pg_sys::TimestampTz),
+) -> bool {
+    // SAFETY: within the contract above; the version is read only through
+    // the table's access method, which checks the place.
+    unsafe {
+        let mut place = tid;
+        let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
+        #[cfg(feature = "pg15")]
+        let renewed = (*rel).rd_firstRelfilenodeSubid;
+        #[cfg(not(feature = "pg15"))]
+        let renewed = (*rel).rd_firstRelfilelocatorSubid;
+        ((Invalidations::now() == seen
+            // (InvalidSubTransactionId)
+            && renewed == 0)
+            || block
+                < pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM))
+            && pg_sys::table_tuple_fetch_row_version(rel, &mut place, snapshot, slot)
+            && equal
+                .iter()
+                .all(|&(col, v)| same_text(slot, shape.attnums[col.0], v))
+            && timestamptz(slot, shape.attnums[check.0]) == Some(at)
+    }
+}
+
+/// Write `set` (columns, their types and values, `None`: NULL) over the row
+/// version in `locked` (at `tid`, locked by us), as an `UPDATE` of those
+/// columns would: where the new version lives.
+///
+/// # Safety
+/// As [`rewrite`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rewrite_set(
+    rel: pg_sys::Relation,
+    shape: &Shape,
+    locked: *mut pg_sys::TupleTableSlot,
+    tid: pg_sys::ItemPointerData,
+    cid: pg_sys::CommandId,
+    snapshot: pg_sys::Snapshot,
+    set: &[(Col, pg_sys::Oid, Option<pg_sys::Datum>)],
+) -> Result<pg_sys::ItemPointerData> {
+    let changed: Vec<pg_sys::AttrNumber> =
+        set.iter().map(|(col, ..)| shape.attnums[col.0]).collect();
+    // SAFETY: within the contract above.
+    unsafe {
+        let version = rewrite(
+            rel,
+            shape,
+            locked,
+            tid,
+            cid,
+            snapshot,
+            &changed,
+            |values, nulls| {
+                for (&(_, _, value), &attnum) in set.iter().zip(&changed) {
+                    let i = attnum as usize - 1;
+                    values[i] = value.unwrap_or(pg_sys::Datum::from(0));
+                    nulls[i] = value.is_none();
+                }
+                Ok(())
+            },
+        )?;
+        let at = (*version).tts_tid;
+        pg_sys::ExecDropSingleTupleTableSlot(version);
+        Ok(at)
+    }
+}
+
+/// The row version at `tid` (one the scan of `snapshot` found) locked as
+/// `FOR UPDATE SKIP LOCKED` locks it, into `locked`: the lock's result, and
+/// `TM_WouldBlock` for a version passed over. Read committed, a row changed
+/// since the snapshot by a commit (most often another taker's write) is read
+/// unlocked first: where that version is the newest and not `wanted`, it is
+/// passed over without a lock (one taken only to find it unwanted would stay
+/// to our commit and make that row's next writer wait for us); else its
+/// newest version is locked, to be rechecked by the caller (a row changed
+/// again since, say taken and made free again in place: the statement locks
+/// the newest version and rechecks that, and so do we).
+///
+/// # Safety
+/// `rel` is open, `locked` is one of its slots, `snapshot` is registered,
+/// `cid` is this command's.
+pub(super) unsafe fn lock_skipping(
+    rel: pg_sys::Relation,
+    tid: pg_sys::ItemPointerData,
+    snapshot: pg_sys::Snapshot,
+    locked: *mut pg_sys::TupleTableSlot,
+    cid: pg_sys::CommandId,
+    wanted: impl Fn(*mut pg_sys::TupleTableSlot) -> bool,
+) -> pg_sys::TM_Result::Type {
+    // SAFETY: within the contract above; the lock stays to the end of the
+    // transaction, as `FOR UPDATE`'s does.
+    unsafe {
+        let mut tid = tid;
+        let lock = |tid: &mut pg_sys::ItemPointerData, flags: u32| {
+            lock_version(
+                rel,
+                tid,
+                snapshot,
+                locked,
+                cid,
+                pg_sys::LockTupleMode::LockTupleExclusive,
+                pg_sys::LockWaitPolicy::LockWaitSkip,
+                flags as u8,
+            )
+        };
+        let (result, failure) = lock(&mut tid, 0);
+        if result != pg_sys::TM_Result::TM_Updated || repeatable() {
+            return result;
+        }
+        let mut next = failure.ctid;
+        if pg_sys::table_tuple_fetch_row_version(
+            rel,
+            &mut next,
+            &raw mut pg_sys::SnapshotAnyData,
+            locked,
+        ) && !wanted(locked)
+            && looks_newest(locked)
+        {
+            return pg_sys::TM_Result::TM_WouldBlock;
+        }
+        lock(&mut tid, pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION).0
+    }
+}
