@@ -253,14 +253,25 @@ def test_a_role_without_rights_sees_nothing_and_a_reader_redrives_nothing(db):
         u.stop()
 
 
-def seq_scans(c):
-    return dict(c.execute("SELECT relname, seq_scan FROM pg_stat_user_tables WHERE schemaname = 'sturdy'").fetchall())
+def seq_scans():
+    """Sequential scans of each table of ours, as the statistics have them
+    (a fresh connection: no snapshot of them kept)."""
+    with admin(DB) as c:
+        return dict(c.execute("SELECT relname, seq_scan FROM pg_stat_user_tables WHERE schemaname = 'sturdy'")
+                    .fetchall())
+
+
+# A backend reports its counts at a transaction's end at most once a second,
+# and when idle at most every 10 s: waited for around the page loads, so that
+# the loads' scans (and nothing before them) land between the two readings.
+REPORTED = 11
 
 
 def test_pages_of_a_large_database_scan_no_table_whole(db, ui):
     """1,000,000 queue rows, 100,000 instances and 100,000 deliveries: no page
-    reads a table of ours sequentially (pg_stat_user_tables around the loads);
-    the overview's time is printed, not judged (docs/benchmarks.md has it)."""
+    reads one of those tables sequentially (pg_stat_user_tables around the
+    loads; the small ones, a few rows each here, the planner may read
+    whole); the times are printed, not judged (docs/benchmarks.md has them)."""
     with admin(DB) as c:
         c.execute("INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
                   " SELECT 'big', 'w' || i, now() - interval '1 hour', now()"
@@ -274,22 +285,24 @@ def test_pages_of_a_large_database_scan_no_table_whole(db, ui):
         c.execute("SELECT sturdy.sample()")
         sampled = round(time.monotonic() - start, 2)
         c.execute("ANALYZE")
-        time.sleep(1)  # the statistics of the inserts and the sample reach pg_stat
-        ui.get("/")  # warm the connection
-        time.sleep(0.7)
-        before = seq_scans(c)
-        took = []
-        for path in ["/", "/queue?name=big", "/dead", "/stuck", "/batches", "/instance?q=bk-77", "/instance?q=5"]:
-            start = time.monotonic()
-            status, page, _ = ui.get(path)
-            took.append((path, round((time.monotonic() - start) * 1000, 1)))
-            assert status == 200, (path, page[:500])
-        time.sleep(0.7)  # pg_stat_user_tables reports at most every 500 ms
-        after = seq_scans(c)
+        c.execute("SELECT pg_stat_force_next_flush()")  # this connection's scans: reported now
+        c.execute("SELECT 1")
+    ui.get("/")  # warm the connection
+    time.sleep(REPORTED)
+    before = seq_scans()
+    took = []
+    for path in ["/", "/queue?name=big", "/dead", "/stuck", "/batches", "/instance?q=bk-77", "/instance?q=5"]:
+        start = time.monotonic()
+        status, page, _ = ui.get(path)
+        took.append((path, round((time.monotonic() - start) * 1000, 1)))
+        assert status == 200, (path, page[:500])
+    time.sleep(REPORTED)
+    after = seq_scans()
     scanned = {t: after[t] - before.get(t, 0) for t in after if after[t] != before.get(t, 0)}
     print(f"    sturdy.sample(): {sampled} s; page loads (ms): {took}")
-    small = {"queue_limits", "batches", "samples", "subscriptions"}
-    assert not {t: n for t, n in scanned.items() if t not in small}, f"sequential scans: {scanned}"
+    print(f"    sequential scans meanwhile (small tables, where the planner prefers them): {scanned}")
+    large = {"queue", "instances", "deliveries", "outbox"}
+    assert not {t: n for t, n in scanned.items() if t in large}, f"sequential scans: {scanned}"
 
 
 # --- In a real browser ----------------------------------------------------------------------------

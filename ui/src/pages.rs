@@ -445,8 +445,9 @@ pub(crate) async fn stuck_page(State(app): State<Shared>) -> Page {
     let c = app.pool.get().await?;
     let rows = c
         .query(
-            "SELECT s.id, s.process, s.business_key, s.workflow, s.status, s.stalled_since::text, i.revision
-               FROM sturdy.stuck('1 hour') s JOIN sturdy.instances i ON i.id = s.id
+            "SELECT s.id, s.process, s.business_key, s.workflow, s.status, s.stalled_since::text,
+                    (SELECT i.revision FROM sturdy.instances i WHERE i.id = s.id)
+               FROM sturdy.stuck('1 hour') s
               ORDER BY s.stalled_since LIMIT $1",
             &[&PAGE],
         )
