@@ -325,7 +325,8 @@ class Browser:
             except OSError:
                 time.sleep(0.05)
         caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": CHROMIUM, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"]}}}}
+            "binary": CHROMIUM, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000"]}}}}
         self.session = self.call("POST", "/session", caps)["sessionId"]
 
     def call(self, method, path, body=None):
