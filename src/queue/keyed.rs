@@ -330,10 +330,7 @@ pub(super) fn take_from(
         )?;
         hand.out(call, &leased, lease)?;
         taken.rows += leased.len();
-        taken.oldest = match (taken.oldest, head) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        taken.oldest = earlier(taken.oldest, head);
         if !placeless.is_empty() {
             run_one(&MAKE_PLACES, &[queue.into(), placeless.into()], |_| Ok(()))?;
         } else if !missed {
@@ -451,10 +448,7 @@ fn lease_one(
         place.hold(limits::KEYED, queue, &workflow, receipt)?;
     }
     // the floor stops at the first row passed over for its key
-    taken.oldest = match (taken.oldest, passed) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    taken.oldest = earlier(taken.oldest, passed);
     Ok(Some(taken))
 }
 

@@ -11,6 +11,14 @@ pub(super) struct Taken {
     pub(super) oldest: Option<Position>,
 }
 
+/// The earlier of two places where either is known.
+pub(super) fn earlier(a: Option<Position>, b: Option<Position>) -> Option<Position> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// How many times [`take_from`] runs its statement while rows come back
 /// locked but not leased (see the take statements). A rerun leases every
 /// row the one before missed, as it holds their locks; it can miss only rows
@@ -214,10 +222,7 @@ pub(super) fn take_from(
             }
         };
         taken.rows += rows;
-        taken.oldest = match (taken.oldest, oldest) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        taken.oldest = earlier(taken.oldest, oldest);
         if !missed || taken.rows as i64 >= max {
             break;
         }
@@ -498,10 +503,7 @@ fn scan(
     // Came up short from the floor: the start decides.
     let again = Instant::now();
     let more = take(max - taken.rows, START, now)?;
-    let oldest = match (taken.oldest, more.oldest) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let oldest = earlier(taken.oldest, more.oldest);
     Ok((
         Taken {
             rows: taken.rows + more.rows,
