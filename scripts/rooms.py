@@ -18,7 +18,7 @@ import re
 import sys
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-BASE = {"access", "activity", "args", "datum", "error", "fmgr", "fragment", "grants", "heads", "plan",
+BASE = {"access", "activity", "args", "datum", "error", "fmgr", "fragment", "grants", "heads", "plan", "scaleout",
         "rescan", "sequence", "subxact", "testing"}
 CAPABILITIES = {"batch", "checkpoint", "claim", "outbox", "queue", "workflow"}
 COMPOSED = {"compose"}  # the calls that span capabilities

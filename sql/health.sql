@@ -24,10 +24,7 @@ SELECT 'dead deliveries', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
 UNION ALL
 SELECT 'stuck instances', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
        'Pending or running instances without progress for an hour: sturdy.stuck(''1 hour'') lists them.'
-  FROM sturdy.instances i
- WHERE i.status IN ('pending', 'running') AND i.updated_at < now() - interval '1 hour'
-   AND NOT EXISTS (SELECT FROM sturdy.checkpoints c
-                    WHERE c.workflow = i.workflow AND c.recorded_at >= now() - interval '1 hour')
+  FROM sturdy.stuck(interval '1 hour')
 UNION ALL
 SELECT 'dead tuples ' || s.relname,
        pg_catalog.round(100.0 * s.n_dead_tup / GREATEST(s.n_live_tup + s.n_dead_tup, 1), 1)::text || '%',
@@ -84,12 +81,29 @@ WITH previous AS (
       FROM sturdy.samples p
      WHERE p.sampled_at > now() - interval '1 hour'
      ORDER BY p.kind, p.name, p.subscriber, p.sampled_at DESC),
+-- The queue's figures are read in statements over the queue's tables alone,
+-- then joined with the history: under Citus (docs/scale-out.md) the queue's
+-- tables are distributed and the samples are not, and no statement may join
+-- the two.
+stats AS MATERIALIZED (
+    SELECT * FROM sturdy.queue_stats),
+marks AS MATERIALIZED (
+    -- the highest seq of each queue, for the next sample's ended
+    SELECT x.queue, max(x.seq) AS mark FROM sturdy.queue x GROUP BY x.queue),
+before AS MATERIALIZED (
+    SELECT p.name AS queue, COALESCE((p.figures ->> 'mark')::bigint, 0) AS mark
+      FROM previous p WHERE p.kind = 'queue'),
+staying AS MATERIALIZED (
+    -- of each queue's rows at the previous sample, how many are still there
+    SELECT x.queue, count(*) AS n
+      FROM sturdy.queue x JOIN before b ON b.queue = x.queue COLLATE "C" AND x.seq <= b.mark
+     GROUP BY x.queue),
 queues AS (
     -- every queue with rows, and those sampled within the hour that have none now
     SELECT COALESCE(s.queue, p.name) AS queue, s.ready, s.leased, s.sleeping, s.held_back, s.paused,
            s.oldest_ready_age, p.figures AS before
-      FROM sturdy.queue_stats s
-      FULL JOIN (SELECT * FROM previous WHERE kind = 'queue') p ON p.name = s.queue),
+      FROM stats s
+      FULL JOIN (SELECT * FROM previous WHERE kind = 'queue') p ON p.name = s.queue COLLATE "C"),
 outbox AS (
     SELECT COALESCE(o.event, p.name) AS event, COALESCE(o.subscriber, p.subscriber) AS subscriber,
            o.pending, o.retrying, o.dead, o.oldest_pending_age, p.sampled_at AS since
@@ -107,13 +121,11 @@ written AS (
                'rows', COALESCE(q.ready + q.leased + q.sleeping, 0),
                'mark', m.mark,
                'ended', CASE WHEN q.before IS NOT NULL THEN
-                            GREATEST(0, (q.before ->> 'rows')::bigint
-                                        - (SELECT count(*) FROM sturdy.queue x
-                                            WHERE x.queue = q.queue
-                                              AND x.seq <= COALESCE((q.before ->> 'mark')::bigint, 0)))
+                            GREATEST(0, (q.before ->> 'rows')::bigint - COALESCE(k.n, 0))
                         END)
       FROM queues q
-     CROSS JOIN LATERAL (SELECT max(x.seq) AS mark FROM sturdy.queue x WHERE x.queue = q.queue) m
+      LEFT JOIN marks m ON m.queue = q.queue COLLATE "C"
+      LEFT JOIN staying k ON k.queue = q.queue COLLATE "C"
     UNION ALL
     SELECT now(), 'outbox', o.event, o.subscriber,
            jsonb_build_object(
@@ -133,10 +145,10 @@ written AS (
       FROM sturdy.batch_jobs b
      WHERE NOT b.complete OR b.finished_at > now() - interval '1 hour'
     UNION ALL
-    SELECT now(), 'instances', s.status, '', jsonb_build_object('count', count(i.id))
+    SELECT now(), 'instances', s.status, '', jsonb_build_object('count', COALESCE(c.n, 0))
       FROM unnest(ARRAY['pending', 'running', 'succeeded', 'failed', 'cancelled']) AS s(status)
-      LEFT JOIN sturdy.instances i ON i.status = s.status
-     GROUP BY s.status
+      LEFT JOIN (SELECT i.status, count(*) AS n FROM sturdy.instances i GROUP BY i.status) c
+        ON c.status = s.status COLLATE "C"
     UNION ALL
     SELECT now(), 'instances', 'stuck', '',
            jsonb_build_object('count', (SELECT count(*) FROM sturdy.stuck('1 hour')))

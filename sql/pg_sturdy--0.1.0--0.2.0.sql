@@ -686,10 +686,7 @@ SELECT 'dead deliveries', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
 UNION ALL
 SELECT 'stuck instances', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
        'Pending or running instances without progress for an hour: sturdy.stuck(''1 hour'') lists them.'
-  FROM sturdy.instances i
- WHERE i.status IN ('pending', 'running') AND i.updated_at < now() - interval '1 hour'
-   AND NOT EXISTS (SELECT FROM sturdy.checkpoints c
-                    WHERE c.workflow = i.workflow AND c.recorded_at >= now() - interval '1 hour')
+  FROM sturdy.stuck(interval '1 hour')
 UNION ALL
 SELECT 'dead tuples ' || s.relname,
        pg_catalog.round(100.0 * s.n_dead_tup / GREATEST(s.n_live_tup + s.n_dead_tup, 1), 1)::text || '%',
@@ -746,12 +743,29 @@ WITH previous AS (
       FROM sturdy.samples p
      WHERE p.sampled_at > now() - interval '1 hour'
      ORDER BY p.kind, p.name, p.subscriber, p.sampled_at DESC),
+-- The queue's figures are read in statements over the queue's tables alone,
+-- then joined with the history: under Citus (docs/scale-out.md) the queue's
+-- tables are distributed and the samples are not, and no statement may join
+-- the two.
+stats AS MATERIALIZED (
+    SELECT * FROM sturdy.queue_stats),
+marks AS MATERIALIZED (
+    -- the highest seq of each queue, for the next sample's ended
+    SELECT x.queue, max(x.seq) AS mark FROM sturdy.queue x GROUP BY x.queue),
+before AS MATERIALIZED (
+    SELECT p.name AS queue, COALESCE((p.figures ->> 'mark')::bigint, 0) AS mark
+      FROM previous p WHERE p.kind = 'queue'),
+staying AS MATERIALIZED (
+    -- of each queue's rows at the previous sample, how many are still there
+    SELECT x.queue, count(*) AS n
+      FROM sturdy.queue x JOIN before b ON b.queue = x.queue COLLATE "C" AND x.seq <= b.mark
+     GROUP BY x.queue),
 queues AS (
     -- every queue with rows, and those sampled within the hour that have none now
     SELECT COALESCE(s.queue, p.name) AS queue, s.ready, s.leased, s.sleeping, s.held_back, s.paused,
            s.oldest_ready_age, p.figures AS before
-      FROM sturdy.queue_stats s
-      FULL JOIN (SELECT * FROM previous WHERE kind = 'queue') p ON p.name = s.queue),
+      FROM stats s
+      FULL JOIN (SELECT * FROM previous WHERE kind = 'queue') p ON p.name = s.queue COLLATE "C"),
 outbox AS (
     SELECT COALESCE(o.event, p.name) AS event, COALESCE(o.subscriber, p.subscriber) AS subscriber,
            o.pending, o.retrying, o.dead, o.oldest_pending_age, p.sampled_at AS since
@@ -769,13 +783,11 @@ written AS (
                'rows', COALESCE(q.ready + q.leased + q.sleeping, 0),
                'mark', m.mark,
                'ended', CASE WHEN q.before IS NOT NULL THEN
-                            GREATEST(0, (q.before ->> 'rows')::bigint
-                                        - (SELECT count(*) FROM sturdy.queue x
-                                            WHERE x.queue = q.queue
-                                              AND x.seq <= COALESCE((q.before ->> 'mark')::bigint, 0)))
+                            GREATEST(0, (q.before ->> 'rows')::bigint - COALESCE(k.n, 0))
                         END)
       FROM queues q
-     CROSS JOIN LATERAL (SELECT max(x.seq) AS mark FROM sturdy.queue x WHERE x.queue = q.queue) m
+      LEFT JOIN marks m ON m.queue = q.queue COLLATE "C"
+      LEFT JOIN staying k ON k.queue = q.queue COLLATE "C"
     UNION ALL
     SELECT now(), 'outbox', o.event, o.subscriber,
            jsonb_build_object(
@@ -795,10 +807,10 @@ written AS (
       FROM sturdy.batch_jobs b
      WHERE NOT b.complete OR b.finished_at > now() - interval '1 hour'
     UNION ALL
-    SELECT now(), 'instances', s.status, '', jsonb_build_object('count', count(i.id))
+    SELECT now(), 'instances', s.status, '', jsonb_build_object('count', COALESCE(c.n, 0))
       FROM unnest(ARRAY['pending', 'running', 'succeeded', 'failed', 'cancelled']) AS s(status)
-      LEFT JOIN sturdy.instances i ON i.status = s.status
-     GROUP BY s.status
+      LEFT JOIN (SELECT i.status, count(*) AS n FROM sturdy.instances i GROUP BY i.status) c
+        ON c.status = s.status COLLATE "C"
     UNION ALL
     SELECT now(), 'instances', 'stuck', '',
            jsonb_build_object('count', (SELECT count(*) FROM sturdy.stuck('1 hour')))
@@ -828,6 +840,81 @@ COMMENT ON FUNCTION sturdy.start(process text, business_key text, variables json
 
 -- src/lib.rs:65
 -- finalize
+-- Scale-out on Citus (docs/scale-out.md). Citus ignores DDL inside an
+-- extension script, so the extension is made distributed by a call after
+-- CREATE EXTENSION, on the coordinator: sturdy.distribute().
+--
+-- Where each table goes:
+-- - by workflow, colocated: claims, checkpoints. A claim, its checkpoints
+--   and every call about one workflow's steps run on the node that holds it;
+-- - by queue, colocated: queue and what limits and wakes a queue
+--   (queue_limits, queue_places, queue_key_places, queue_waiters). A take
+--   addresses one shard, where FOR UPDATE SKIP LOCKED works, and its
+--   limit's places are on the same node;
+-- - on the coordinator, as they are: instances, idempotency_keys, outbox,
+--   deliveries, subscriptions, outbox_waiters, batches, samples. A
+--   transaction writes them and the distributed tables together (the
+--   coordinator's commit decides, the workers' parts are prepared first);
+--   no statement of ours joins the two kinds.
+-- The calls about one workflow's claim and checkpoints are delegated whole
+-- to the node that holds the workflow (create_distributed_function).
+
+CREATE FUNCTION sturdy.distribute()
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t record;
+    f record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'sturdy.distribute() needs Citus, which is not installed in this database'
+            USING ERRCODE = '0A000',
+                  HINT = 'On a single server there is nothing to distribute. On a Citus cluster, run CREATE EXTENSION citus, then this, on the coordinator.';
+    END IF;
+    IF NOT pg_catalog.citus_is_coordinator() THEN
+        RAISE EXCEPTION 'sturdy.distribute() runs on the Citus coordinator, and this node is not it'
+            USING ERRCODE = '0A000',
+                  HINT = 'Connect to the coordinator and call it there; it distributes the tables of every node.';
+    END IF;
+    FOR t IN
+        SELECT * FROM (VALUES
+            (1, 'sturdy.claims', 'workflow', NULL),
+            (2, 'sturdy.checkpoints', 'workflow', 'sturdy.claims'),
+            (3, 'sturdy.queue', 'queue', NULL),
+            (4, 'sturdy.queue_limits', 'queue', 'sturdy.queue'),
+            (5, 'sturdy.queue_places', 'queue', 'sturdy.queue'),
+            (6, 'sturdy.queue_key_places', 'queue', 'sturdy.queue'),
+            (7, 'sturdy.queue_waiters', 'queue', 'sturdy.queue')
+        ) AS placement (n, tab, by_column, colocate_with)
+        WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
+                           WHERE p.logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(placement.tab))
+        ORDER BY n
+    LOOP
+        PERFORM pg_catalog.create_distributed_table(t.tab::regclass, t.by_column,
+            colocate_with => coalesce(t.colocate_with, 'default'));
+    END LOOP;
+    -- Delegated whole to the node holding the workflow: calls that touch
+    -- only claims and checkpoints (those running caller code do not qualify:
+    -- it may reach anywhere).
+    FOR f IN
+        SELECT p.oid::pg_catalog.regprocedure AS fn
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace OPERATOR(pg_catalog.=) 'sturdy'::regnamespace
+           AND p.proname IN ('claim', 'renew', 'release', 'fence', 'record', 'load')
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
+                            WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+                              AND o.objid OPERATOR(pg_catalog.=) p.oid
+                              AND o.distribution_argument_index IS NOT NULL)
+    LOOP
+        PERFORM pg_catalog.create_distributed_function(f.fn, '$1', colocate_with => 'sturdy.claims');
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION sturdy.distribute() IS
+    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
+
 -- Privileges. Nothing is open to PUBLIC: an application role is let in with
 -- sturdy.grant_usage(role), usually through a group role sturdy_user.
 

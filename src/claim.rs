@@ -113,13 +113,20 @@ impl Fence {
 /// `DO UPDATE` arm and finds the lease live.
 static CLAIM: Statement = Statement {
     sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-          VALUES ($1, 1, pg_catalog.now() OPERATOR(pg_catalog.+) $2, $3, pg_catalog.now())
+          VALUES ($1, 1, $4 OPERATOR(pg_catalog.+) $2, $3, $4)
           ON CONFLICT (workflow) DO UPDATE
              SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
                  owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-           WHERE held.held_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+           WHERE held.held_until OPERATOR(pg_catalog.<=) $4
           RETURNING held.token",
-    args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::TEXTOID],
+    // $4 is `now()`, passed in: Citus refuses a function that is not
+    // IMMUTABLE in an upsert's WHERE on a distributed table
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::INTERVALOID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
     writes: true,
     generic: false,
 };
@@ -202,7 +209,12 @@ pub fn claim_for(workflow: Name, lease: Interval) -> Result<Option<i64>> {
     }
     run_one(
         &CLAIM,
-        &[workflow.into(), lease.into(), null::<Text>()],
+        &[
+            workflow.into(),
+            lease.into(),
+            null::<Text>(),
+            pgrx::datum::now().into(),
+        ],
         first_value,
     )
 }
@@ -224,7 +236,12 @@ fn claim(
         return Ok(token);
     }
     let owner = owner.map_or_else(null::<Text>, Into::into);
-    run_one(&CLAIM, &[workflow.into(), lease.into(), owner], first_value)
+    let now = pgrx::datum::now();
+    run_one(
+        &CLAIM,
+        &[workflow.into(), lease.into(), owner, now.into()],
+        first_value,
+    )
 }
 
 /// [`CLAIM`]'s upsert without the statement, where `access` can do it as the

@@ -11,6 +11,7 @@
 //! - `access`: hot rows read and written through the access methods, without a statement;
 //! - `grants`: whether the role holds a privilege on a relation of ours, kept per backend;
 //! - `activity`: how early a transaction running now can have begun, from the server's activity table;
+//! - `scaleout`: whether Citus distributes this database's tables of ours;
 //! - `sequence`: reading a sequence of ours without a statement;
 //! - `rescan`: when a scan from a remembered floor goes back to the start;
 //! - `heads`: the furthest floor each queue's takes reached, shared by all backends;
@@ -46,6 +47,8 @@ pub mod grants;
 pub mod heads;
 #[allow(unsafe_code)]
 pub mod plan;
+#[allow(unsafe_code)]
+pub mod scaleout;
 #[allow(unsafe_code)]
 pub mod sequence;
 #[allow(unsafe_code)]
@@ -83,7 +86,17 @@ pgrx::extension_sql_file!(
     requires = ["outbox"]
 );
 pgrx::extension_sql_file!("../sql/batch.sql", name = "batch", requires = ["workflow"]);
-pgrx::extension_sql_file!("../sql/health.sql", name = "health", requires = ["batch"]);
+// (the health view counts what sturdy.stuck lists)
+pgrx::extension_sql_file!(
+    "../sql/health.sql",
+    name = "health",
+    requires = ["batch", "sturdy_stuck"]
+);
+pgrx::extension_sql_file!(
+    "../sql/scaleout.sql",
+    name = "scaleout",
+    requires = ["health"]
+);
 pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 /// Run once per backend, when the library is loaded: our settings.

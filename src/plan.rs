@@ -58,6 +58,40 @@ thread_local! {
     // Generic-plan statements, kept with SPI_keepplan (pgrx's prepare takes no
     // cursor options), likewise for the backend's life.
     static GENERIC_PLANS: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
+    // The same statements planned custom on every run, for a database
+    // distributed by Citus (`scaleout`): there a generic plan cannot be
+    // routed.
+    static CUSTOM_PLANS: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
+}
+
+/// Runs a kept plan custom (its parameters' values planned in) while it
+/// lives: what a statement of ours needs under Citus, which plans a
+/// statement by the distribution column's value. The plan cache reads the
+/// setting when it chooses a plan, so it is set around our execution only,
+/// and put back when the execution ends or raises.
+struct Custom(Option<i32>);
+
+impl Custom {
+    fn around() -> Custom {
+        if !crate::scaleout::distributed() {
+            return Custom(None);
+        }
+        // SAFETY: a backend-local setting the plan cache reads; restored on drop.
+        unsafe {
+            let was = pg_sys::plan_cache_mode;
+            pg_sys::plan_cache_mode = pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_CUSTOM_PLAN as _;
+            Custom(Some(was))
+        }
+    }
+}
+
+impl Drop for Custom {
+    fn drop(&mut self) {
+        if let Some(was) = self.0 {
+            // SAFETY: as in `around`.
+            unsafe { pg_sys::plan_cache_mode = was }
+        }
+    }
 }
 
 impl Statement {
@@ -92,10 +126,18 @@ impl Statement {
         Ok(plan)
     }
 
-    /// The kept generic plan, prepared on first use (inside an SPI connection).
+    /// The kept generic plan, prepared on first use (inside an SPI
+    /// connection); under Citus a plan kept the same way that plans custom
+    /// on every run.
     fn generic_plan(&'static self) -> Result<pg_sys::SPIPlanPtr> {
         let key = self as *const Statement as usize;
-        if let Some(plan) = GENERIC_PLANS.with(|p| p.borrow().get(&key).copied()) {
+        let custom = crate::scaleout::distributed();
+        let plans = if custom {
+            &CUSTOM_PLANS
+        } else {
+            &GENERIC_PLANS
+        };
+        if let Some(plan) = plans.with(|p| p.borrow().get(&key).copied()) {
             return Ok(plan as pg_sys::SPIPlanPtr);
         }
         self.lint_in_debug_builds()?;
@@ -111,7 +153,11 @@ impl Statement {
                 sql.as_ptr(),
                 types.len() as i32,
                 types.as_mut_ptr(),
-                pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+                if custom {
+                    pg_sys::CURSOR_OPT_CUSTOM_PLAN
+                } else {
+                    pg_sys::CURSOR_OPT_GENERIC_PLAN
+                } as i32,
             );
             if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
                 return Err(Error::Internal {
@@ -121,7 +167,7 @@ impl Statement {
             }
             plan
         };
-        GENERIC_PLANS.with(|p| p.borrow_mut().insert(key, plan as usize));
+        plans.with(|p| p.borrow_mut().insert(key, plan as usize));
         Ok(plan)
     }
 
@@ -132,6 +178,7 @@ impl Statement {
         args: &[DatumWithOid<'_>],
     ) -> Result<SpiTupleTable<'c>> {
         let plan = self.plan(client)?;
+        let _custom = Custom::around();
         Ok(client.select(plan, None, args)?)
     }
 }

@@ -130,16 +130,22 @@ static KEY_OWNER: Statement = Statement {
 
 /// The newest instance of a business key; its step is its newest checkpoint,
 /// and its last progress the later of its last status change and that.
+///
+/// Each table is read in a step of its own (the checkpoints by the workflow
+/// the instance step found): under Citus, where the checkpoints are
+/// distributed and the instances are not, no statement may join the two.
 static STATUS: Statement = Statement {
-    sql: "SELECT i.id, i.process, i.workflow, i.status, i.revision, cp.step, i.last_error,
+    sql: "WITH i AS MATERIALIZED (
+              SELECT id, process, workflow, status, revision, last_error, updated_at FROM sturdy.instances
+               WHERE business_key OPERATOR(pg_catalog.=) $1
+               ORDER BY id DESC LIMIT 1),
+          cp AS MATERIALIZED (
+              SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
+               WHERE c.workflow OPERATOR(pg_catalog.=) (SELECT workflow FROM i)
+               ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1)
+          SELECT i.id, i.process, i.workflow, i.status, i.revision, cp.step, i.last_error,
                  GREATEST(i.updated_at, cp.recorded_at)
-            FROM (SELECT id, process, workflow, status, revision, last_error, updated_at FROM sturdy.instances
-                   WHERE business_key OPERATOR(pg_catalog.=) $1
-                   ORDER BY id DESC LIMIT 1) i
-            LEFT JOIN LATERAL (
-                 SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
-                  WHERE c.workflow OPERATOR(pg_catalog.=) i.workflow
-                  ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1) cp ON true",
+            FROM i LEFT JOIN cp ON true",
     args: &[pg_sys::TEXTOID],
     writes: false,
     generic: false,
@@ -148,15 +154,18 @@ static STATUS: Statement = Statement {
 /// Live instances whose last status change and last checkpoint are both
 /// older than the cutoff.
 static STUCK: Statement = Statement {
-    sql: "SELECT i.id, i.process, i.business_key, i.workflow, i.status,
+    sql: "WITH i AS MATERIALIZED (
+              SELECT id, process, business_key, workflow, status, updated_at FROM sturdy.instances
+               WHERE status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])
+                 AND updated_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)),
+          p AS MATERIALIZED (
+              SELECT c.workflow, pg_catalog.max(c.recorded_at) AS at FROM sturdy.checkpoints c
+               WHERE c.workflow OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT workflow FROM i))
+               GROUP BY c.workflow)
+          SELECT i.id, i.process, i.business_key, i.workflow, i.status,
                  GREATEST(i.updated_at, p.at) AS stalled_since
-            FROM sturdy.instances i
-            LEFT JOIN LATERAL (
-                 SELECT pg_catalog.max(c.recorded_at) AS at FROM sturdy.checkpoints c
-                  WHERE c.workflow OPERATOR(pg_catalog.=) i.workflow) p ON true
-           WHERE i.status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])
-             AND i.updated_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
-             AND (p.at IS NULL OR p.at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1))
+            FROM i LEFT JOIN p ON p.workflow OPERATOR(pg_catalog.=) i.workflow
+           WHERE p.at IS NULL OR p.at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
            ORDER BY stalled_since, i.id",
     args: &[pg_sys::INTERVALOID],
     writes: false,
@@ -228,6 +237,70 @@ static SWEEP_INSTANCES: Statement = Statement {
     args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
     writes: true,
     generic: true,
+};
+
+/// Under Citus (`scaleout`): the finished instances of [`SWEEP_INSTANCES`],
+/// found and locked on the coordinator, where the instances are. Whether a
+/// pass may be running is asked of the distributed tables in a step of its
+/// own ([`SWEEP_BUSY`]), and what belongs to them removed by one statement
+/// per table ([`SWEEP_CHECKPOINTS`], [`SWEEP_CLAIMS`], and [`SWEEP_QUEUE`]
+/// once per queue, routed to its shard): no statement joins the two kinds
+/// of table, which Citus refuses.
+static SWEEP_FIND: Statement = Statement {
+    sql: "SELECT i.id, i.workflow, i.queue FROM sturdy.instances i
+           WHERE i.finished_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
+           ORDER BY i.finished_at
+           LIMIT $2
+             FOR UPDATE OF i SKIP LOCKED",
+    args: &[pg_sys::INTERVALOID, pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+/// Of the workflows `$1` (in queues `$2`, pairwise), those a pass may be
+/// running: a live claim, or a leased queue row.
+static SWEEP_BUSY: Statement = Statement {
+    sql: "SELECT c.workflow FROM sturdy.claims c
+           WHERE c.workflow OPERATOR(pg_catalog.=) ANY ($1)
+             AND c.held_until OPERATOR(pg_catalog.>) pg_catalog.now()
+          UNION
+          SELECT q.workflow FROM sturdy.queue q
+           WHERE q.queue OPERATOR(pg_catalog.=) ANY ($2) AND q.workflow OPERATOR(pg_catalog.=) ANY ($1)
+             AND q.leased_until OPERATOR(pg_catalog.>) pg_catalog.now()",
+    args: &[pg_sys::TEXTARRAYOID, pg_sys::TEXTARRAYOID],
+    writes: false,
+    generic: false,
+};
+
+static SWEEP_DELETE: Statement = Statement {
+    sql: "WITH gone AS (DELETE FROM sturdy.instances WHERE id OPERATOR(pg_catalog.=) ANY ($1) RETURNING 1)
+          SELECT pg_catalog.count(*) FROM gone",
+    args: &[pg_sys::INT8ARRAYOID],
+    writes: true,
+    generic: false,
+};
+
+static SWEEP_CHECKPOINTS: Statement = Statement {
+    sql: "DELETE FROM sturdy.checkpoints WHERE workflow OPERATOR(pg_catalog.=) ANY ($1)",
+    args: &[pg_sys::TEXTARRAYOID],
+    writes: true,
+    generic: false,
+};
+
+static SWEEP_CLAIMS: Statement = Statement {
+    sql: "DELETE FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) ANY ($1)
+             AND held_until OPERATOR(pg_catalog.<=) pg_catalog.now()",
+    args: &[pg_sys::TEXTARRAYOID],
+    writes: true,
+    generic: false,
+};
+
+static SWEEP_QUEUE: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue WHERE queue OPERATOR(pg_catalog.=) $1
+             AND workflow OPERATOR(pg_catalog.=) ANY ($2)",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID],
+    writes: true,
+    generic: false,
 };
 
 /// Outbox messages older than the cutoff whose deliveries are all done
@@ -442,9 +515,13 @@ pub(crate) fn move_instance(
 /// outbox messages that old whose deliveries are all done, and at most
 /// `max` expired idempotency keys. How many of each kind went.
 pub(crate) fn sweep_batch(older_than: Interval, max: i32) -> Result<[(&'static str, i64); 6]> {
-    let counts = plan::run_generic(&SWEEP_INSTANCES, &[older_than.into(), max.into()], |rows| {
-        Ok([1, 2, 3, 4].map(|col| rows.get::<i64>(0, col).unwrap_or(0)))
-    })?;
+    let counts = if crate::scaleout::distributed() {
+        sweep_distributed(older_than, max)?
+    } else {
+        plan::run_generic(&SWEEP_INSTANCES, &[older_than.into(), max.into()], |rows| {
+            Ok([1, 2, 3, 4].map(|col| rows.get::<i64>(0, col).unwrap_or(0)))
+        })?
+    };
     let outbox = plan::run_generic(&SWEEP_OUTBOX, &[older_than.into(), max.into()], |rows| {
         Ok(rows.get::<i64>(0, 1).unwrap_or(0))
     })?;
@@ -459,6 +536,52 @@ pub(crate) fn sweep_batch(older_than: Interval, max: i32) -> Result<[(&'static s
         ("outbox", outbox),
         ("idempotency_keys", keys),
     ])
+}
+
+/// [`SWEEP_INSTANCES`]'s batch in steps, for Citus (see [`SWEEP_FIND`]):
+/// counts of instances, checkpoints, claims and queue rows removed.
+fn sweep_distributed(older_than: Interval, max: i32) -> Result<[i64; 4]> {
+    // (an instance started without a queue has none)
+    let found: Vec<(i64, String, Option<String>)> =
+        plan::run_rows(&SWEEP_FIND, &[older_than.into(), max.into()], |rows| {
+            Ok((0..rows.len())
+                .filter_map(|i| Some((rows.get(i, 1)?, rows.get(i, 2)?, rows.get(i, 3))))
+                .collect())
+        })?;
+    if found.is_empty() {
+        return Ok([0; 4]);
+    }
+    let workflows: Vec<String> = found.iter().map(|(_, w, _)| w.clone()).collect();
+    let queues: Vec<String> = found.iter().filter_map(|(_, _, q)| q.clone()).collect();
+    let busy: std::collections::HashSet<String> = plan::run_rows(
+        &SWEEP_BUSY,
+        &[workflows.clone().into(), queues.into()],
+        |rows| Ok((0..rows.len()).filter_map(|i| rows.get(i, 1)).collect()),
+    )?;
+    let victims: Vec<&(i64, String, Option<String>)> =
+        found.iter().filter(|(_, w, _)| !busy.contains(w)).collect();
+    if victims.is_empty() {
+        return Ok([0; 4]);
+    }
+    let ids: Vec<i64> = victims.iter().map(|(id, _, _)| *id).collect();
+    let workflows: Vec<String> = victims.iter().map(|(_, w, _)| w.clone()).collect();
+    let instances = run_one(&SWEEP_DELETE, &[ids.into()], first_value::<i64>)?.unwrap_or(0);
+    let removed = |stmt: &'static Statement, args: &[pgrx::datum::DatumWithOid<'_>]| {
+        run_one(stmt, args, |_| Ok(plan::last_rows().len() as i64))
+    };
+    let checkpoints = removed(&SWEEP_CHECKPOINTS, &[workflows.clone().into()])?;
+    let claims = removed(&SWEEP_CLAIMS, &[workflows.into()])?;
+    let mut by_queue: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (_, w, q) in &victims {
+        if let Some(q) = q {
+            by_queue.entry(q.as_str()).or_default().push(w.clone());
+        }
+    }
+    let mut queue = 0;
+    for (q, ws) in by_queue {
+        queue += removed(&SWEEP_QUEUE, &[q.into(), ws.into()])?;
+    }
+    Ok([instances, checkpoints, claims, queue])
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -369,8 +369,14 @@ impl Table {
     /// table (or of every table) reaches this backend: what a cache of the
     /// table's rows is kept under, where whoever changes them sends one
     /// ([`Table::invalidate`]). `None` when the table does not exist.
+    ///
+    /// Under Citus no mark is kept: the rows are changed on other nodes too,
+    /// whose invalidations never reach this one.
     pub fn mark(&'static self) -> Option<Mark> {
         let known = self.known()?;
+        if crate::scaleout::distributed() {
+            return Some(Mark(0));
+        }
         // a finding read across an invalidation is never kept: no mark
         let kept = KNOWN.with(|k| {
             k.borrow()
@@ -394,7 +400,14 @@ impl Table {
     /// The table opened for writes that need `privileges` (besides
     /// `SELECT`, which every one needs), with its shape; `None` where a
     /// statement must do them (see the module comment).
+    ///
+    /// Never under Citus: a distributed table's rows are not in the heap
+    /// here (on the coordinator it is an empty shell), and every statement
+    /// about them goes through Citus's planner.
     pub fn opened(&'static self, privileges: &[u32]) -> Option<Opened> {
+        if crate::scaleout::distributed() {
+            return None;
+        }
         let relid = self.known()?.relid;
         // SAFETY: inside a transaction (we are called from a statement); the
         // table is opened and locked as a statement writing it would.

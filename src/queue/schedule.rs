@@ -178,6 +178,9 @@ fn wake_at(
             }
         },
     )?;
+    if moved.is_some() && at < pgrx::datum::now() && schema::current() {
+        generation::bump();
+    }
     if moved == Some(true) {
         wake(queue)?;
     }

@@ -120,7 +120,7 @@ pub(super) static TAKE_ONE: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
               RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq
             FROM due d LEFT JOIN taken t ON true",
@@ -143,7 +143,7 @@ pub(super) static TAKE_MANY: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
               RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
@@ -225,16 +225,15 @@ pub(super) static DONE: Statement = Statement {
 /// Suspend until `at` under the receipt rule; a wakeup that landed meanwhile
 /// wins (it is sooner, and the deadline lives in the checkpoints anyway). An
 /// `at` already due wakes idle workers as a schedule does, and one before
-/// `now()` bumps take's generation.
+/// `now()` bumps take's generation (the caller does, as `schedule` does:
+/// Citus cannot plan a `nextval` in the statement).
 pub(super) static WAKE_AT: Statement = Statement {
     sql: "WITH moved AS (
               UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL, leased_until = NULL
                WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
                  AND leased_until OPERATOR(pg_catalog.=) $2
-              RETURNING visible_at OPERATOR(pg_catalog.<=) pg_catalog.now() AS ready)
-          SELECT ready AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4),
-                 CASE WHEN $3 OPERATOR(pg_catalog.<) pg_catalog.now()
-                      THEN pg_catalog.nextval(pg_catalog.to_regclass('sturdy.queue_generation')) END
+              RETURNING 1)
+          SELECT $3 OPERATOR(pg_catalog.<=) pg_catalog.now() AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4)
             FROM moved",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,

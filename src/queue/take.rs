@@ -369,9 +369,14 @@ pub(crate) fn take(
     // Read before any scan: a past-dated write that bumps it after this
     // point is found by the next take.
     let (installation, generation) = generation::read();
+    // Under Citus a take keeps no floor: a floor is a place in this node's
+    // heap, and the rows are on the workers (`scaleout`). Every take scans
+    // its queue's shard from the start.
+    let distributed = crate::scaleout::distributed();
     // the floors other backends reached here (`heads`), for this generation
     let shared = installation
         .zip(generation)
+        .filter(|_| !distributed)
         .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
     let take = |left: usize, from: Position, due: TimestampWithTimeZone| {
         if keyed {
@@ -389,8 +394,15 @@ pub(crate) fn take(
             hand,
         )
     };
-    let (floor, stood) = where_to_start(queue, shared, generation, start);
+    let (floor, stood) = if distributed {
+        (None, None)
+    } else {
+        where_to_start(queue, shared, generation, start)
+    };
     let (mut taken, full) = scan(floor, max as usize, now, take)?;
+    if distributed {
+        return close(first + taken.rows);
+    }
     // rows found below where the takes stood: left behind (see `where_to_start`)
     let drain = stood
         .zip(taken.oldest)

@@ -1,0 +1,79 @@
+//! Whether this database runs pg_sturdy distributed by Citus
+//! (`sturdy.distribute()`, docs/scale-out.md), kept per backend.
+//!
+//! What changes when it does:
+//! - every statement runs a custom plan: Citus routes a statement by the
+//!   value of the distribution column, and cannot plan one whose value is a
+//!   parameter of a generic plan;
+//! - no row work is done without a statement (`access`): on the coordinator
+//!   a distributed table is an empty shell, its rows on the workers;
+//! - no cache of a table's rows is kept under its relcache invalidations: a
+//!   change made on another node sends none here;
+//! - the takes keep no floor and share none: a floor is a position in this
+//!   node's heap;
+//! - `sweep` finds its instances and removes what belongs to them in steps,
+//!   and statements that read both kinds of table read each in a step of its
+//!   own: Citus refuses a join of a distributed table with a local one.
+//!
+//! The answer is found once and kept until a relcache invalidation reaches
+//! the backend: distributing a table sends one for it, so a session that
+//! was open during `distribute()` learns of it at its next command.
+
+use std::cell::Cell;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+thread_local! {
+    static KNOWN: Cell<Option<bool>> = const { Cell::new(None) };
+    static WATCHING: Cell<bool> = const { Cell::new(false) };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _relid: pg_sys::Oid) {
+    KNOWN.with(|k| k.set(None));
+}
+
+/// Whether `sturdy.claims` is a Citus table in this database.
+pub fn distributed() -> bool {
+    // SAFETY: registering a callback that only clears our answer, then
+    // applying pending invalidations inside a transaction (we are called
+    // from a statement).
+    unsafe {
+        if !WATCHING.with(Cell::get) {
+            pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0));
+            WATCHING.with(|w| w.set(true));
+        }
+        pg_sys::AcceptInvalidationMessages();
+    }
+    if let Some(known) = KNOWN.with(Cell::get) {
+        return known;
+    }
+    let known = citus_catalog() && claims_distributed();
+    KNOWN.with(|k| k.set(Some(known)));
+    known
+}
+
+/// Whether Citus's metadata table is in this database (its extension
+/// created).
+fn citus_catalog() -> bool {
+    // SAFETY: a catalog lookup inside a transaction; the name is a
+    // NUL-terminated literal.
+    unsafe {
+        pg_sys::get_relname_relid(
+            c"pg_dist_partition".as_ptr(),
+            pg_sys::PG_CATALOG_NAMESPACE.into(),
+        ) != pg_sys::InvalidOid
+    }
+}
+
+fn claims_distributed() -> bool {
+    // its own SPI level: we may be inside a statement's connection
+    Spi::get_one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                         WHERE logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('sturdy.claims'))",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
