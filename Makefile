@@ -12,6 +12,11 @@ PG_MAJOR    := $(or $(shell $(PG_CONFIG) --version 2>/dev/null | sed -E 's/^Post
 PGRX_PGDATA ?= /tmp/pg_sturdy_pgrx
 VERSIONS    ?= 15 18
 export PG_CONFIG
+# Citus's release source for the scale-out suite (scripts/citus.sh builds it
+# once into PostgreSQL 18's install); none given and none installed, the
+# suite says it skipped. These machines keep it beside the project.
+CITUS_SRC   ?= $(wildcard $(CURDIR)/../shared/vendor/citus-14.0.1.tar.gz)
+export CITUS_SRC
 export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 # AB_FEATURES: a variant built for an A/B only (see docs/fastpath.md)
 AB_FEATURES ?=

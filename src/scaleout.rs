@@ -77,3 +77,23 @@ fn claims_distributed() -> bool {
     .flatten()
     .unwrap_or(false)
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use crate::testing::sqlstate_of;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn distribute_without_citus_is_refused_and_changes_nothing() {
+        assert_eq!(sqlstate_of("SELECT sturdy.distribute()"), "0A000");
+        assert!(!super::distributed());
+        // the statements still plan as on one server: a take walks no
+        // further than its row
+        Spi::run("SELECT sturdy.schedule('d-1')").unwrap();
+        assert_eq!(
+            Spi::get_one::<String>("SELECT workflow FROM sturdy.take()").unwrap(),
+            Some("d-1".into())
+        );
+    }
+}

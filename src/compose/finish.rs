@@ -10,7 +10,7 @@ use crate::checkpoint;
 use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
-use crate::plan::{Statement, null, run_one};
+use crate::plan::{Statement, first_value, last_rows, null, run_one};
 use crate::queue;
 use crate::workflow::{TERMINAL, parse_status};
 
@@ -148,6 +148,105 @@ static FINISH: [[Statement; 2]; 2] = [
     ],
 ];
 
+/// Under Citus (`scaleout`), `finish` in steps, one statement per table:
+/// the claims and the checkpoints are on the workflow's node, the queue row
+/// on its queue's, the instance on the coordinator, and Citus plans no
+/// statement that spans them. The fence comes first and locks the claim
+/// row, as [`finish!`]'s does; then the instance, locked, where a status is
+/// asked for; every write after both checks, so a refused finish writes
+/// nothing. The whole is one transaction, which Citus commits on every node
+/// or none.
+static STEP_INSTANCE: Statement = Statement {
+    sql: "SELECT i.status FROM sturdy.instances i WHERE i.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+static STEP_RECORD: Statement = Statement {
+    sql: "INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
+          VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp())
+          ON CONFLICT (workflow, step) DO NOTHING",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+        pg_sys::INT8OID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+static STEP_MOVE: Statement = Statement {
+    sql: "UPDATE sturdy.instances
+             SET status = $2, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
+                 finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
+                                    THEN pg_catalog.now() END,
+                 last_error = COALESCE($3, last_error)
+           WHERE workflow OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+static STEP_RELEASE: Statement = Statement {
+    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
+           WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()",
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+    writes: true,
+    generic: false,
+};
+
+static STEP_DONE: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue
+           WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
+             AND leased_until OPERATOR(pg_catalog.=) $2",
+    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// `finish` in steps (see [`STEP_INSTANCE`]): whether the queue row went.
+fn finish_in_steps(
+    workflow: Name,
+    token: i64,
+    receipt: TimestampWithTimeZone,
+    step: Option<(Name, Jsonb)>,
+    to: Option<&'static str>,
+    queue: Name,
+    error: Option<Text>,
+) -> Result<bool> {
+    claim::fence_current(workflow, token)?;
+    if let Some(to) = to {
+        let now: Option<String> = run_one(&STEP_INSTANCE, &[workflow.into()], first_value)?;
+        if let Some(now) = now.filter(|now| TERMINAL.contains(&now.as_str())) {
+            return Err(Error::Terminal {
+                workflow: workflow.lossy(),
+                status: now,
+                to: to.into(),
+            });
+        }
+    }
+    if let Some((step, value)) = step {
+        run_one(
+            &STEP_RECORD,
+            &[workflow.into(), step.into(), value.into(), token.into()],
+            |_| Ok(()),
+        )?;
+    }
+    if let Some(to) = to {
+        let error = error.map_or_else(null::<Text>, Into::into);
+        run_one(&STEP_MOVE, &[workflow.into(), to.into(), error], |_| Ok(()))?;
+    }
+    run_one(&STEP_RELEASE, &[workflow.into(), token.into()], |_| Ok(()))?;
+    run_one(
+        &STEP_DONE,
+        &[workflow.into(), receipt.into(), queue.into()],
+        |_| Ok(!last_rows().is_empty()),
+    )
+}
+
 #[sql_function(
     "sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL,
                    value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default',
@@ -187,6 +286,9 @@ fn finish(
     {
         claim::check_token(workflow, token, current)?;
         return Ok(removed);
+    }
+    if crate::scaleout::distributed() {
+        return finish_in_steps(workflow, token, receipt, step.zip(value), to, queue, error);
     }
     let statement = &FINISH[usize::from(to.is_some())][usize::from(step.is_some())];
     let step = step.map_or_else(null::<Text>, Into::into);

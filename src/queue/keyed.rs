@@ -145,7 +145,7 @@ static TAKE_KEYED: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM go))
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM go))
               RETURNING q.workflow, q.leased_until AS receipt),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
@@ -227,7 +227,7 @@ static TAKE_KEYED_ONE: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM go)
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM go)
               RETURNING q.workflow, q.leased_until AS receipt),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt

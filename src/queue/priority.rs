@@ -146,7 +146,7 @@ static TAKE_PRIORITIZED: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
               RETURNING q.workflow, q.leased_until AS receipt)
           SELECT t.workflow, t.receipt, (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL
             FROM (SELECT) one

@@ -46,7 +46,7 @@ pub static TAKE_ONE_RELEASED: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
               RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq
             FROM due d LEFT JOIN taken t ON true",
@@ -68,7 +68,7 @@ pub static TAKE_MANY_RELEASED: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET visible_at = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
               RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow

