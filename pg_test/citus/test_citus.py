@@ -11,7 +11,7 @@ import threading
 import time
 
 import psycopg
-from sturdy import DB, DSN, Worker, connect, start_and_join, wait_notifies
+from sturdy import DB, DSN, SERVER, Worker, connect, start_and_join, wait_notifies
 
 NODES = [n for n in os.environ.get("STURDY_CITUS_NODES", "").split(";") if n]
 
@@ -369,3 +369,48 @@ def test_the_operator_views_and_history_read_both_kinds_of_table():
         assert signals["stuck instances"] is False
         assert c.execute("SELECT sturdy.sample()").fetchone()[0] > 0
         assert c.execute("SELECT count(*) FROM sturdy.samples WHERE kind = 'queue'").fetchone()[0] > 0
+
+
+def test_an_update_on_the_coordinator_then_distribute_and_the_calls_work():
+    """The documented order on a cluster of an older version: ALTER
+    EXTENSION UPDATE on the coordinator (Citus runs it on every worker),
+    then sturdy.distribute(); an update asked for again afterwards has
+    nothing to do."""
+    every = [SERVER] + NODES
+    for settings in every:
+        with psycopg.connect(f"{settings} dbname=postgres", autocommit=True) as c:
+            c.execute("DROP DATABASE IF EXISTS sturdy_update")
+            c.execute("CREATE DATABASE sturdy_update")
+        with psycopg.connect(f"{settings} dbname=sturdy_update", autocommit=True) as c:
+            c.execute("CREATE EXTENSION citus")
+            c.execute("CREATE EXTENSION pg_sturdy VERSION '0.1.0'")
+    coordinator = psycopg.connect(f"{SERVER} dbname=sturdy_update", autocommit=True)
+    with coordinator as c:
+        host = dict(p.split("=", 1) for p in SERVER.split())
+        c.execute("SELECT citus_set_coordinator_host(%s, %s)", (host["host"], int(host["port"])))
+        for settings in NODES:
+            w = dict(p.split("=", 1) for p in settings.split())
+            c.execute("SELECT citus_add_node(%s, %s)", (w["host"], int(w["port"])))
+        assert sqlstate_of(c, "SELECT sturdy.distribute()") == "42883"  # not in 0.1.0
+        # on the coordinator, which Citus carries to every worker (a worker
+        # refuses it: the extension is the cluster's once the nodes joined)
+        for settings in NODES:
+            with psycopg.connect(f"{settings} dbname=sturdy_update", autocommit=True) as n:
+                assert sqlstate_of(n, "ALTER EXTENSION pg_sturdy UPDATE") is not None
+        c.execute("ALTER EXTENSION pg_sturdy UPDATE")
+        c.execute("SELECT sturdy.distribute()")
+        c.execute("ALTER EXTENSION pg_sturdy UPDATE")
+        versions = {c.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_sturdy'").fetchone()[0]}
+        for settings in NODES:
+            with psycopg.connect(f"{settings} dbname=sturdy_update", autocommit=True) as n:
+                versions.add(n.execute("SELECT extversion FROM pg_extension WHERE extname = 'pg_sturdy'").fetchone()[0])
+        assert versions == {"0.2.0"}
+        assert c.execute("SELECT sturdy.claim('up-1')").fetchone() == (1,)
+        c.execute("SELECT sturdy.record('up-1', 's', '1', 1)")
+        assert c.execute("SELECT sturdy.release('up-1', 1)").fetchone() == (True,)
+        c.execute("SELECT sturdy.schedule('up-1', now(), 'upq')")
+        (w, receipt, token) = c.execute("SELECT * FROM sturdy.take('upq', claim => true)").fetchone()
+        assert (w, token) == ("up-1", 2)
+        assert c.execute("SELECT sturdy.finish('up-1', 2, %s, queue => 'upq')", (receipt,)).fetchone() == (True,)
+        assert c.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'sturdy.%'"
+                         ).fetchone() == (7,)

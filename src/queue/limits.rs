@@ -266,11 +266,25 @@ static LOAD: Statement = Statement {
     generic: false,
 };
 
+/// Under Citus: the one queue's limits, from its shard. Every table's rows
+/// may change on another node there, so none is kept (`scaleout`), and
+/// [`LOAD`] would ask every shard.
+static LOAD_ONE: Statement = Statement {
+    sql: "SELECT queue, paused, running, per_key, per_second, burst FROM sturdy.queue_limits
+           WHERE queue OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
 /// The limits of `queue`, `None` for a queue without any.
 pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
     let Some(mark) = LIMITS.mark() else {
         return Ok(None); // an older schema: no flow control
     };
+    if crate::scaleout::distributed() {
+        return plan::run_rows(&LOAD_ONE, &[queue.into()], |r| Ok(read_limits(&r, 0)));
+    }
     let known = KNOWN.with(|k| {
         k.borrow()
             .as_ref()
@@ -282,18 +296,7 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
         None => {
             let all = Rc::new(plan::run_rows(&LOAD, &[], |r| {
                 Ok((0..r.len())
-                    .filter_map(|i| {
-                        let rate = r.get::<f64>(i, 5).zip(r.get::<i32>(i, 6));
-                        Some((
-                            r.text_bytes(i, 1)?.to_vec(),
-                            Limits {
-                                paused: r.get::<bool>(i, 2).unwrap_or(false),
-                                running: r.get::<i32>(i, 3),
-                                per_key: r.get::<i32>(i, 4),
-                                rate,
-                            },
-                        ))
-                    })
+                    .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), read_limits(&r, i)?)))
                     .collect::<HashMap<_, _>>())
             })?);
             KNOWN.with(|k| *k.borrow_mut() = Some((mark, all.clone())));
@@ -301,6 +304,17 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
         }
     };
     Ok(all.get(queue.bytes()).copied())
+}
+
+/// Row `i` of [`LOAD`]'s columns as limits; `None` past the last row.
+fn read_limits(r: &plan::Rows, i: usize) -> Option<Limits> {
+    r.text_bytes(i, 1)?;
+    Some(Limits {
+        paused: r.get::<bool>(i, 2).unwrap_or(false),
+        running: r.get::<i32>(i, 3),
+        per_key: r.get::<i32>(i, 4),
+        rate: r.get::<f64>(i, 5).zip(r.get::<i32>(i, 6)),
+    })
 }
 
 /// What a take of a limited queue may hand out, and what it holds for it.
