@@ -49,9 +49,10 @@ def dsn(node_dir, port):
 
 
 def cpu_seconds(data_dir):
-    """CPU time of a cluster's postmaster and every process it started, as
-    /proc has it now (a process that exited since is not counted: the
-    backends of the run stay connected throughout)."""
+    """CPU time of a cluster: its postmaster's own and its children's that
+    have exited (the postmaster reaps every backend: /proc's cutime and
+    cstime), and every live child's. Citus opens and closes connections to
+    the workers, so the live processes alone would miss some."""
     with open(os.path.join(data_dir, "postmaster.pid")) as f:
         postmaster = int(f.readline())
     total = 0
@@ -63,7 +64,9 @@ def cpu_seconds(data_dir):
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(pid) == postmaster or int(fields[1]) == postmaster:
+        if int(pid) == postmaster:
+            total += sum(int(x) for x in fields[11:15])
+        elif int(fields[1]) == postmaster:
             total += int(fields[11]) + int(fields[12])
     return total / CLK
 
@@ -158,52 +161,54 @@ def count_call_commands(c, setup, steps):
     return statistics.median(counts)
 
 
-def cycles(nodes):
+def cycles(nodes, citus):
     """The job cycle from CLIENTS threads over QUEUES for SECONDS: cycles
-    done, and each node's CPU seconds and rows done."""
+    done, each node's CPU seconds, and the cycles each worker served (each
+    queue is on one node: Citus's placement of its shard)."""
     with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
-        for q in QUEUES:
-            c.execute("SELECT sturdy.schedule(%s || '/' || i, now(), %s) FROM generate_series(1, 3000) i", (q, q))
-    done = [0] * CLIENTS
+        c.execute(
+            "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
+            " SELECT q, q || '/' || i, now(), now() FROM unnest(%s::text[]) q, generate_series(1, 4000) i",
+            (QUEUES,))
+        home = {q: 0 for q in QUEUES}
+        if citus:
+            ports = [p for _, p in nodes]
+            for q in QUEUES:
+                (port,) = c.execute(
+                    "SELECT p.nodeport FROM pg_dist_shard_placement p"
+                    " WHERE p.shardid = get_shard_id_for_distribution_column('sturdy.queue', %s::text)",
+                    (q,)).fetchone()
+                home[q] = ports.index(port)
+    served = [[0] * len(nodes) for _ in range(CLIENTS)]
     stop_at = [None]
     ready = threading.Barrier(CLIENTS + 1)
 
     def client(k):
         with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
             turn = k * 7
+            for _ in range(20):  # Citus's connections to the workers made
+                turn += 1
+                c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t",
+                          (QUEUES[turn % len(QUEUES)],) * 2)
             ready.wait()
             while time.monotonic() < stop_at[0]:
                 turn += 1
                 q = QUEUES[turn % len(QUEUES)]
                 c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
-                done[k] += 1
+                served[k][home[q]] += 1
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
     for t in threads:
         t.start()
-    time.sleep(1)  # connections made, Citus's to the workers too after the first calls
-    before_rows = rows_done(nodes)
+    time.sleep(2)
     cpu0 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
     stop_at[0] = time.monotonic() + SECONDS
     ready.wait()
     for t in threads:
         t.join()
     cpu1 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
-    after_rows = rows_done(nodes)
-    return sum(done), [b - a for a, b in zip(cpu0, cpu1)], [b - a for a, b in zip(before_rows, after_rows)]
-
-
-def rows_done(nodes):
-    """Rows deleted from the queue's tables (its shards) on each node."""
-    out = []
-    for node, port in nodes:
-        with psycopg.connect(dsn(node, port), autocommit=True) as c:
-            c.execute("SELECT pg_stat_clear_snapshot()")
-            out.append(c.execute(
-                "SELECT coalesce(sum(n_tup_del), 0) FROM pg_stat_user_tables"
-                " WHERE schemaname = 'sturdy' AND (relname = 'queue' OR relname ~ '^queue_[0-9]+$')"
-            ).fetchone()[0])
-    return out
+    per_node = [sum(s[i] for s in served) for i in range(len(nodes))]
+    return sum(per_node), [b - a for a, b in zip(cpu0, cpu1)], per_node
 
 
 def main():
@@ -218,7 +223,7 @@ def main():
     plain = start_plain("plain", PORT)
     try:
         calls_plain = per_call(plain, citus=False)
-        n_plain, cpu_plain, _ = cycles(plain)
+        n_plain, cpu_plain, _ = cycles(plain, citus=False)
     finally:
         stop(plain)
     cluster = start_citus("calls", 2, PORT + 10)
@@ -237,15 +242,16 @@ def main():
     print("\n| nodes | cycles/s | coordinator CPU ms per 1,000 cycles | workers' CPU ms per 1,000 cycles |"
           " each worker's share of the rows done |")
     print("|---|---:|---:|---:|---|")
-    print(f"| one server, no Citus | {n_plain / SECONDS:.0f} | {1000 * cpu_plain[0] / n_plain * 1000:.0f} | - | - |")
+    print(f"| one server, no Citus | {n_plain / SECONDS:.0f} | {1e6 * cpu_plain[0] / n_plain:.0f} | - | - |")
     for w in WORKERS:
         nodes = start_citus(f"w{w}", w, PORT + 20 + 10 * w)
         try:
-            n, cpu, rows = cycles(nodes)
+            n, cpu, rows = cycles(nodes, citus=True)
         finally:
             stop(nodes)
         total = sum(rows[1:]) or 1
         shares = ", ".join(f"{100 * r / total:.0f}%" for r in rows[1:])
+        assert rows[0] == 0, "a queue on the coordinator"
         print(f"| coordinator + {w} worker{'s' if w > 1 else ''} | {n / SECONDS:.0f} |"
               f" {1e6 * cpu[0] / n:.0f} | {1e6 * sum(cpu[1:]) / n:.0f} | {shares} |")
         sys.stdout.flush()

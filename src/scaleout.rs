@@ -7,8 +7,9 @@
 //!   parameter of a generic plan;
 //! - no row work is done without a statement (`access`): on the coordinator
 //!   a distributed table is an empty shell, its rows on the workers;
-//! - no cache of a table's rows is kept under its relcache invalidations: a
-//!   change made on another node sends none here;
+//! - a take reads its own queue's limits, not every queue's (which would ask
+//!   every shard), and keeps them as on one server: the calls that change
+//!   them run on the coordinator, where the invalidations are sent;
 //! - the takes keep no floor and share none: a floor is a position in this
 //!   node's heap;
 //! - `sweep` finds its instances and removes what belongs to them in steps,

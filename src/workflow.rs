@@ -32,7 +32,8 @@
 //! transactions have locked.
 
 use pg_sturdy_macros::sql_function;
-use pgrx::datum::Interval;
+use pgrx::IntoDatum;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 
@@ -150,6 +151,67 @@ static STATUS: Statement = Statement {
     writes: false,
     generic: false,
 };
+
+/// [`STATUS`] under Citus, in two statements: the instance on the
+/// coordinator, then its newest checkpoint by its workflow, which Citus
+/// routes to the one shard that holds it ([`STATUS`]'s workflow comes from
+/// a subquery, so Citus would ask every shard).
+static STATUS_INSTANCE: Statement = Statement {
+    sql: "SELECT id, process, workflow, status, revision, last_error, updated_at FROM sturdy.instances
+           WHERE business_key OPERATOR(pg_catalog.=) $1
+           ORDER BY id DESC LIMIT 1",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
+static STATUS_STEP: Statement = Statement {
+    sql: "SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
+           WHERE c.workflow OPERATOR(pg_catalog.=) $1
+           ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
+fn status_in_steps(call: &Args, business_key: Name) -> Result<()> {
+    let found = plan::run_rows(&STATUS_INSTANCE, &[business_key.into()], |r| {
+        Ok((|| {
+            Some((
+                r.get::<i64>(0, 1)?,
+                r.get::<String>(0, 2)?,
+                r.get::<String>(0, 3)?,
+                r.get::<String>(0, 4)?,
+                r.get::<i64>(0, 5)?,
+                r.get::<String>(0, 6),
+                r.get::<TimestampWithTimeZone>(0, 7)?,
+            ))
+        })())
+    })?;
+    let Some((id, process, workflow, status, revision, last_error, updated_at)) = found else {
+        plan::begin_result(call);
+        return Ok(());
+    };
+    let (step, recorded_at) = plan::run_rows(&STATUS_STEP, &[workflow.as_str().into()], |r| {
+        Ok((r.get::<String>(0, 1), r.get::<TimestampWithTimeZone>(0, 2)))
+    })?;
+    let progress = recorded_at
+        .filter(|&at| at > updated_at)
+        .unwrap_or(updated_at);
+    plan::return_row(
+        call,
+        &[
+            id.into_datum(),
+            process.into_datum(),
+            workflow.into_datum(),
+            status.into_datum(),
+            revision.into_datum(),
+            step.into_datum(),
+            last_error.into_datum(),
+            progress.into_datum(),
+        ],
+    )
+}
 
 /// Live instances whose last status change and last checkpoint are both
 /// older than the cutoff.
@@ -458,6 +520,9 @@ pub(crate) fn start_instance(
 )]
 fn status_of(call: &Args, business_key: Option<Text>) -> Result<()> {
     let business_key = args::name("business_key", business_key)?;
+    if crate::scaleout::distributed() {
+        return status_in_steps(call, business_key);
+    }
     plan::run_as_set(call, &STATUS, &[business_key.into()])?;
     Ok(())
 }

@@ -414,3 +414,20 @@ def test_an_update_on_the_coordinator_then_distribute_and_the_calls_work():
         assert c.execute("SELECT sturdy.finish('up-1', 2, %s, queue => 'upq')", (receipt,)).fetchone() == (True,)
         assert c.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'sturdy.%'"
                          ).fetchone() == (7,)
+
+
+def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before():
+    """A session keeps what it read of a queue's limits and whether it has
+    prioritized rows; a limit or a prioritized row from another session
+    reaches its next take (the coordinator's invalidations)."""
+    with connect() as taker, connect() as admin:
+        admin.execute("SELECT sturdy.schedule('late-' || i, now() - interval '1 minute', 'late') FROM generate_series(1, 6) i")
+        assert taker.execute("SELECT count(*) FROM sturdy.take('late')").fetchone() == (1,)
+        admin.execute("SELECT sturdy.schedule('urgent', now(), 'late', priority => 5)")
+        assert taker.execute("SELECT workflow FROM sturdy.take('late')").fetchone() == ("urgent",)
+        admin.execute("SELECT sturdy.limit_queue('late', running => 2)")
+        # passes taken before the limit hold no place: two more, then none
+        assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (2,)
+        assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (0,)
+        admin.execute("SELECT sturdy.limit_queue('late', running => 3)")
+        assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (1,)

@@ -370,13 +370,11 @@ impl Table {
     /// table's rows is kept under, where whoever changes them sends one
     /// ([`Table::invalidate`]). `None` when the table does not exist.
     ///
-    /// Under Citus no mark is kept: the rows are changed on other nodes too,
-    /// whose invalidations never reach this one.
+    /// Under Citus too: every call that changes such rows (`limit_queue`,
+    /// `pause`, a prioritized `schedule`) runs on the coordinator, where
+    /// its invalidation reaches every backend that serves a take.
     pub fn mark(&'static self) -> Option<Mark> {
         let known = self.known()?;
-        if crate::scaleout::distributed() {
-            return Some(Mark(0));
-        }
         // a finding read across an invalidation is never kept: no mark
         let kept = KNOWN.with(|k| {
             k.borrow()

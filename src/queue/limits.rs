@@ -257,6 +257,10 @@ type Known = (access::Mark, Rc<HashMap<Vec<u8>, Limits>>);
 
 thread_local! {
     static KNOWN: RefCell<Option<Known>> = const { RefCell::new(None) };
+    /// Under Citus: each queue's limits (`None`: it has none) as read, under
+    /// the mark they were read under.
+    static ONE_BY_ONE: RefCell<Option<(access::Mark, HashMap<Vec<u8>, Option<Limits>>)>> =
+        const { RefCell::new(None) };
 }
 
 static LOAD: Statement = Statement {
@@ -266,9 +270,8 @@ static LOAD: Statement = Statement {
     generic: false,
 };
 
-/// Under Citus: the one queue's limits, from its shard. Every table's rows
-/// may change on another node there, so none is kept (`scaleout`), and
-/// [`LOAD`] would ask every shard.
+/// Under Citus: the one queue's limits, from its shard ([`LOAD`] would ask
+/// every shard), kept per queue under the same mark.
 static LOAD_ONE: Statement = Statement {
     sql: "SELECT queue, paused, running, per_key, per_second, burst FROM sturdy.queue_limits
            WHERE queue OPERATOR(pg_catalog.=) $1",
@@ -283,7 +286,7 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
         return Ok(None); // an older schema: no flow control
     };
     if crate::scaleout::distributed() {
-        return plan::run_rows(&LOAD_ONE, &[queue.into()], |r| Ok(read_limits(&r, 0)));
+        return one_by_one(queue, mark);
     }
     let known = KNOWN.with(|k| {
         k.borrow()
@@ -304,6 +307,31 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
         }
     };
     Ok(all.get(queue.bytes()).copied())
+}
+
+/// [`of`] under Citus: from what this backend read of the queue under
+/// `mark`, else with [`LOAD_ONE`].
+fn one_by_one(queue: Name, mark: access::Mark) -> Result<Option<Limits>> {
+    let kept = ONE_BY_ONE.with(|k| {
+        k.borrow()
+            .as_ref()
+            .filter(|(m, _)| *m == mark && mark.keepable())
+            .and_then(|(_, all)| all.get(queue.bytes()).copied())
+    });
+    if let Some(limits) = kept {
+        return Ok(limits);
+    }
+    let limits = plan::run_rows(&LOAD_ONE, &[queue.into()], |r| Ok(read_limits(&r, 0)))?;
+    ONE_BY_ONE.with(|k| {
+        let mut k = k.borrow_mut();
+        match k.as_mut() {
+            Some((m, all)) if *m == mark && all.len() < 1024 => {
+                all.insert(queue.bytes().to_vec(), limits);
+            }
+            _ => *k = Some((mark, HashMap::from([(queue.bytes().to_vec(), limits)]))),
+        }
+    });
+    Ok(limits)
 }
 
 /// Row `i` of [`LOAD`]'s columns as limits; `None` past the last row.
