@@ -129,6 +129,12 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("resume", "SELECT sturdy.resume('pooled-lim')") == (True,)
     call("limit_queue", "SELECT sturdy.limit_queue('pooled-lim')")
     call("grant_usage", "SELECT sturdy.grant_usage('sturdy_pooled_user')")
+    # without Citus: refused with its SQLSTATE, the connection fine after it
+    calls.append("distribute")
+    c = next(turn)
+    with pytest.raises(psycopg.errors.FeatureNotSupported):
+        c.execute("SELECT sturdy.distribute()")
+    assert c.execute("SELECT 1").fetchone() == (1,)
     for view in ("queue_stats", "outbox_stats", "batch_jobs", "health"):
         one(f"SELECT count(*) FROM sturdy.{view}")
     for c in clients:
