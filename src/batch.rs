@@ -99,6 +99,20 @@ fn spec(
     order_by: Option<Text>,
 ) -> Result<Spec> {
     let target = args::required("target", target)?;
+    if crate::scaleout::citus_table(target) {
+        return Err(Error::Raised {
+            code: *b"0A000",
+            message: "batch cannot run on a table Citus manages".into(),
+            detail: Some(
+                "Its chunks go by the key across every shard, which Citus does not keep in one order."
+                    .into(),
+            ),
+            hint: Some(
+                "Update a distributed table with a plain UPDATE (Citus runs it on every shard), or batch a table of the coordinator."
+                    .into(),
+            ),
+        });
+    }
     let set_clause = fragment("set_clause", set_clause)?;
     let pending = fragment("pending", pending)?;
     let order_by = order_by

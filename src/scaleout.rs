@@ -68,6 +68,20 @@ fn citus_catalog() -> bool {
     }
 }
 
+/// Whether the table is one Citus manages (distributed, reference, or a
+/// Citus local table); false where Citus is not installed.
+pub fn citus_table(relid: pg_sys::Oid) -> bool {
+    citus_catalog()
+        && Spi::get_one_with_args::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                             WHERE logicalrelid OPERATOR(pg_catalog.=) $1)",
+            &[relid.into()],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
 fn claims_distributed() -> bool {
     // its own SPI level: we may be inside a statement's connection
     Spi::get_one::<bool>(

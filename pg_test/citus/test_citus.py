@@ -431,3 +431,18 @@ def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before()
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (0,)
         admin.execute("SELECT sturdy.limit_queue('late', running => 3)")
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (1,)
+
+
+def test_batch_runs_on_a_coordinator_table_and_refuses_a_distributed_one():
+    with connect() as c:
+        c.execute("CREATE TABLE public.local_rows (id int PRIMARY KEY, v int)")
+        c.execute("INSERT INTO public.local_rows SELECT i, 0 FROM generate_series(1, 500) i")
+        c.execute("CALL sturdy.batch_all('public.local_rows', 'v = 1', 'v = 0', chunk => 100)")
+        assert c.execute("SELECT count(*) FROM public.local_rows WHERE v = 1").fetchone() == (500,)
+        c.execute("CREATE TABLE public.spread_rows (id int PRIMARY KEY, v int)")
+        c.execute("SELECT create_distributed_table('public.spread_rows', 'id')")
+        c.execute("INSERT INTO public.spread_rows SELECT i, 0 FROM generate_series(1, 500) i")
+        assert sqlstate_of(c, "SELECT * FROM sturdy.batch('public.spread_rows', 'v = 1', 'v = 0')") == "0A000"
+        assert sqlstate_of(c, "SELECT sturdy.batch_start('spread', 'public.spread_rows', 'v = 1', 'v = 0')") == "0A000"
+        assert c.execute("SELECT count(*) FROM sturdy.batches WHERE name = 'spread'").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM public.spread_rows WHERE v = 1").fetchone() == (0,)

@@ -255,12 +255,13 @@ pub(super) struct Limits {
 
 type Known = (access::Mark, Rc<HashMap<Vec<u8>, Limits>>);
 
+/// Under Citus: each queue's limits as read (`None`: it has none), under the
+/// mark they were read under.
+type KnownOneByOne = (access::Mark, HashMap<Vec<u8>, Option<Limits>>);
+
 thread_local! {
     static KNOWN: RefCell<Option<Known>> = const { RefCell::new(None) };
-    /// Under Citus: each queue's limits (`None`: it has none) as read, under
-    /// the mark they were read under.
-    static ONE_BY_ONE: RefCell<Option<(access::Mark, HashMap<Vec<u8>, Option<Limits>>)>> =
-        const { RefCell::new(None) };
+    static ONE_BY_ONE: RefCell<Option<KnownOneByOne>> = const { RefCell::new(None) };
 }
 
 static LOAD: Statement = Statement {
