@@ -13,7 +13,8 @@ PGRX_VERSION=0.18.1
 packages=(postgresql-15 postgresql-server-dev-15 postgresql-contrib libclang-dev clang sudo
           build-essential pkg-config libssl-dev unzip python3-pip valgrind
           postgresql-15-cron postgresql-plpython3-15 pgbouncer
-          chromium chromium-driver)
+          chromium chromium-driver
+          liblz4-dev libzstd-dev libcurl4-openssl-dev)  # the last three: building Citus (scripts/citus.sh)
 as_root=(); [ "$(id -u)" = 0 ] || as_root=(sudo)
 
 missing=()

@@ -33,8 +33,9 @@ build() {
     for pkg in liblz4-dev libzstd-dev libcurl4-openssl-dev; do
         dpkg -s "$pkg" >/dev/null 2>&1 || deps+=("$pkg")
     done
-    if [ ${#deps[@]} -gt 0 ]; then
+    if [ ${#deps[@]} -gt 0 ]; then  # (scripts/bootstrap.sh installs them; a run without it)
         echo "citus: installing ${deps[*]}"
+        apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${deps[@]}" >/dev/null
     fi
     local work

@@ -446,3 +446,79 @@ def test_batch_runs_on_a_coordinator_table_and_refuses_a_distributed_one():
         assert sqlstate_of(c, "SELECT sturdy.batch_start('spread', 'public.spread_rows', 'v = 1', 'v = 0')") == "0A000"
         assert c.execute("SELECT count(*) FROM sturdy.batches WHERE name = 'spread'").fetchone() == (0,)
         assert c.execute("SELECT count(*) FROM public.spread_rows WHERE v = 1").fetchone() == (0,)
+
+
+def test_every_function_of_the_catalog_answers_through_the_coordinator():
+    """Each function of the API once through the coordinator, as an
+    application calls it; the test fails when the catalog has one it does
+    not call."""
+    with connect() as c:
+        functions = {r[0] for r in c.execute(
+            "SELECT proname FROM pg_proc WHERE pronamespace = 'sturdy'::regnamespace")}
+        calls = []
+
+        def call(name, sql, *args):
+            calls.append(name)
+            return c.execute(sql, args or None).fetchone()
+
+        c.execute("CREATE SCHEMA IF NOT EXISTS every_app")
+        c.execute("CREATE OR REPLACE FUNCTION every_app.effect(a jsonb) RETURNS jsonb LANGUAGE sql"
+                  " AS $$SELECT jsonb_build_object('doubled', (a->>'n')::int * 2)$$")
+        c.execute("CREATE OR REPLACE FUNCTION every_app.sub(m sturdy.outbox, attempt int) RETURNS void"
+                  " LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'no' USING ERRCODE = 'P0001'; END$$")
+        c.execute("CREATE TABLE IF NOT EXISTS every_app.rows (id int PRIMARY KEY, state text NOT NULL)")
+        c.execute("INSERT INTO every_app.rows SELECT i, 'new' FROM generate_series(1, 50) i ON CONFLICT DO NOTHING")
+        c.execute("DROP ROLE IF EXISTS every_user")
+        c.execute("CREATE ROLE every_user")
+
+        token = call("claim", "SELECT sturdy.claim('every-w', '1 minute', 'me')")[0]
+        assert call("renew", "SELECT sturdy.renew('every-w', %s, '2 minutes') > now()", token) == (True,)
+        assert call("fence", "SELECT sturdy.fence('every-w', %s)::text", token) == ("",)
+        assert call("record", "SELECT first FROM sturdy.record('every-w', 's1', '{\"a\": 1}', %s)", token) == (True,)
+        assert call("supply", "SELECT sturdy.supply('every-w', 's1', '{\"a\": 2}')") == ({"a": 1},)
+        assert call("load", "SELECT count(*) FROM sturdy.load('every-w')") == (1,)
+        assert call("transact", "SELECT sturdy.transact('every-w', %s, 's2', 'every_app.effect(jsonb)', '{\"n\": 21}')",
+                    token) == ({"doubled": 42},)
+        assert call("release", "SELECT sturdy.release('every-w', %s)", token) == (True,)
+        call("schedule", "SELECT sturdy.schedule('every-' || i, now(), 'every-q') FROM generate_series(1, 4) i")
+        rows = c.execute("SELECT workflow, receipt FROM sturdy.take('every-q', max => 3)").fetchall()
+        calls.append("take")
+        assert len(rows) == 3
+        assert call("done", "SELECT sturdy.done(%s, %s, 'every-q')", *rows[0]) == (True,)
+        assert call("done_many", "SELECT sturdy.done_many(%s, %s, 'every-q')",
+                    [w for w, _ in rows[1:]], [r for _, r in rows[1:]]) == (2,)
+        (w, r) = c.execute("SELECT workflow, receipt FROM sturdy.take('every-q')").fetchone()
+        assert call("wake_at", "SELECT sturdy.wake_at(%s, %s, now() + interval '1 hour', 'every-q')", w, r) == (True,)
+        assert call("arrive", "SELECT sturdy.arrive(%s, 'approved', 'true', 'every-q')", w) == (True,)
+        (w, r, t) = c.execute("SELECT * FROM sturdy.take('every-q', claim => true)").fetchone()
+        assert call("finish", "SELECT sturdy.finish(%s, %s, %s, 'end', '1', queue => 'every-q')", w, t, r) == (True,)
+        call("limit_queue", "SELECT sturdy.limit_queue('every-q', running => 1)")
+        assert call("pause", "SELECT sturdy.pause('every-q')") == (True,)
+        assert call("resume", "SELECT sturdy.resume('every-q')") == (True,)
+        call("limit_queue", "SELECT sturdy.limit_queue('every-q')")
+        call("subscribe", "SELECT sturdy.subscribe('every.ev', 'every_app.sub(sturdy.outbox, integer)', 1)")
+        (outbox, deliveries) = call("emit", "SELECT * FROM sturdy.emit('every.ev', '{}', 'agg')")
+        assert deliveries == 1
+        assert call("pump", "SELECT dead_letter FROM sturdy.pump(10)") == (1,)
+        (dead,) = c.execute("SELECT id FROM sturdy.deliveries WHERE outbox_id = %s", (outbox,)).fetchone()
+        assert call("redrive", "SELECT sturdy.redrive(%s)", dead) == (True,)
+        assert call("unsubscribe", "SELECT sturdy.unsubscribe('every.ev', 'every_app.sub(sturdy.outbox, integer)')") == (True,)
+        (i,) = call("start", "SELECT sturdy.start('every', 'every-bk', '{}', 'every-key', 'every-start')")
+        assert call("status", "SELECT status FROM sturdy.status('every-bk')") == ("pending",)
+        assert call("transition", "SELECT sturdy.transition(%s, 'pending', 'running')", i) == (True,)
+        assert call("stuck", "SELECT count(*) FROM sturdy.stuck('1 hour') WHERE business_key = 'every-bk'") == (0,)
+        assert call("batch", "SELECT done FROM sturdy.batch('every_app.rows', 'state = $1', 'state = $2',"
+                    " ARRAY['done', 'new'], chunk => 20)") == (20,)
+        call("batch_start", "SELECT sturdy.batch_start('every-job', 'every_app.rows', 'state = $1', 'state = $2',"
+             " ARRAY['done', 'new'], chunk => 50)")
+        assert call("batch_tick", "SELECT complete FROM sturdy.batch_tick('every-job')") is not None
+        calls.append("batch_all")
+        c.execute("CALL sturdy.batch_all('every_app.rows', 'state = $1', 'state = $2', ARRAY['new', 'done'])")
+        assert c.execute("SELECT count(*) FROM every_app.rows WHERE state = 'new'").fetchone() == (50,)
+        assert call("sample", "SELECT sturdy.sample() > 0") == (True,)
+        assert call("sweep", "SELECT count(*) FROM sturdy.sweep('7 days', 10)") == (8,)
+        call("grant_usage", "SELECT sturdy.grant_usage('every_user')")
+        call("distribute", "SELECT sturdy.distribute()")
+        for view in ("queue_stats", "outbox_stats", "batch_jobs", "health"):
+            c.execute(f"SELECT count(*) FROM sturdy.{view}")
+    assert functions - set(calls) == set(), "functions of the catalog this test does not call"
