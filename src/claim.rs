@@ -317,6 +317,12 @@ fn renew(
 fn release(workflow: Option<Text>, token: Option<i64>) -> Result<bool> {
     let workflow = args::name("workflow", workflow)?;
     let token = args::required("token", token)?;
+    release_current(workflow, token)
+}
+
+/// `release` for validated arguments: whether a live claim of this token
+/// was let go.
+pub fn release_current(workflow: Name, token: i64) -> Result<bool> {
     run_one(&RELEASE, &[workflow.into(), token.into()], |t| {
         Ok(!t.is_empty())
     })

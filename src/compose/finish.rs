@@ -10,7 +10,7 @@ use crate::checkpoint;
 use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
-use crate::plan::{Statement, first_value, last_rows, null, run_one};
+use crate::plan::{Statement, first_value, null, run_one};
 use crate::queue;
 use crate::workflow::{TERMINAL, parse_status};
 
@@ -148,31 +148,17 @@ static FINISH: [[Statement; 2]; 2] = [
     ],
 ];
 
-/// Under Citus (`scaleout`), `finish` in steps, one statement per table:
-/// the claims and the checkpoints are on the workflow's node, the queue row
-/// on its queue's, the instance on the coordinator, and Citus plans no
-/// statement that spans them. The fence comes first and locks the claim
-/// row, as [`finish!`]'s does; then the instance, locked, where a status is
-/// asked for; every write after both checks, so a refused finish writes
-/// nothing. The whole is one transaction, which Citus commits on every node
-/// or none.
+/// Under Citus (`scaleout`), `finish` in steps, one statement per table,
+/// each its capability's own operation but the instance's two: the claims
+/// and the checkpoints are on the workflow's node, the queue row on its
+/// queue's, the instance on the coordinator, and Citus plans no statement
+/// that spans them. The fence comes first and locks the claim row, as
+/// [`finish!`]'s does; then the instance, locked, where a status is asked
+/// for; every write after both checks, so a refused finish writes nothing.
+/// The whole is one transaction, which Citus commits on every node or none.
 static STEP_INSTANCE: Statement = Statement {
     sql: "SELECT i.status FROM sturdy.instances i WHERE i.workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
     args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-static STEP_RECORD: Statement = Statement {
-    sql: "INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
-          VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp())
-          ON CONFLICT (workflow, step) DO NOTHING",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::INT8OID,
-    ],
     writes: true,
     generic: false,
 };
@@ -185,24 +171,6 @@ static STEP_MOVE: Statement = Statement {
                  last_error = COALESCE($3, last_error)
            WHERE workflow OPERATOR(pg_catalog.=) $1",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-static STEP_RELEASE: Statement = Statement {
-    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
-           WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
-             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()",
-    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
-    writes: true,
-    generic: false,
-};
-
-static STEP_DONE: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue
-           WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
-             AND leased_until OPERATOR(pg_catalog.=) $2",
-    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
 };
@@ -229,22 +197,14 @@ fn finish_in_steps(
         }
     }
     if let Some((step, value)) = step {
-        run_one(
-            &STEP_RECORD,
-            &[workflow.into(), step.into(), value.into(), token.into()],
-            |_| Ok(()),
-        )?;
+        checkpoint::write_unless_there(workflow, step, value, token)?;
     }
     if let Some(to) = to {
         let error = error.map_or_else(null::<Text>, Into::into);
         run_one(&STEP_MOVE, &[workflow.into(), to.into(), error], |_| Ok(()))?;
     }
-    run_one(&STEP_RELEASE, &[workflow.into(), token.into()], |_| Ok(()))?;
-    run_one(
-        &STEP_DONE,
-        &[workflow.into(), receipt.into(), queue.into()],
-        |_| Ok(!last_rows().is_empty()),
-    )
+    claim::release_current(workflow, token)?;
+    queue::remove_done(workflow, receipt, queue)
 }
 
 #[sql_function(

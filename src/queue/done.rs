@@ -49,8 +49,9 @@ pub(super) fn done(
     remove(workflow, receipt, queue)
 }
 
-/// `done`'s removal of the row.
-fn remove(workflow: Name, receipt: TimestampWithTimeZone, queue: Name) -> Result<bool> {
+/// `done`'s removal of the row: whether it went (`finish` in steps under
+/// Citus removes its row with it).
+pub(crate) fn remove(workflow: Name, receipt: TimestampWithTimeZone, queue: Name) -> Result<bool> {
     // [`DONE`]'s work, without the statement, where nothing it would do is
     // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())

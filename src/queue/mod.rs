@@ -76,7 +76,7 @@ mod tests {
     include!("tests.rs");
 }
 
-pub(crate) use done::Removal;
+pub(crate) use done::{Removal, remove as remove_done};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
 pub(crate) use limits::ended;
