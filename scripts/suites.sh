@@ -78,10 +78,13 @@ elif ! scripts/citus.sh available; then
     echo "suites: SKIPPED the Citus suite: Citus is not installed and CITUS_SRC names no release tarball"
     citus_skipped=1
 elif scripts/citus.sh start "$citus_dir" 3 "$((port + 20))" sturdy_citus; then
-    as_pg "$bindir/psql" -X -q -h "$citus_dir/n0" -p "$((port + 20))" -U postgres -d sturdy_citus \
-        -c "SELECT sturdy.distribute()" >/dev/null
-    STURDY_DB=sturdy_citus STURDY_CITUS_NODES="host=$citus_dir/n1 port=$((port + 21)) user=postgres;host=$citus_dir/n2 port=$((port + 22)) user=postgres" \
-        server="host=$citus_dir/n0 port=$((port + 20)) user=postgres" pytest_run pytest_citus pg_test/citus || status=1
+    if as_pg "$bindir/psql" -X -q -h "$citus_dir/n0" -p "$((port + 20))" -U postgres -d sturdy_citus \
+        -c "SELECT sturdy.distribute()" >/dev/null; then
+        STURDY_DB=sturdy_citus STURDY_CITUS_NODES="host=$citus_dir/n1 port=$((port + 21)) user=postgres;host=$citus_dir/n2 port=$((port + 22)) user=postgres" \
+            server="host=$citus_dir/n0 port=$((port + 20)) user=postgres" pytest_run pytest_citus pg_test/citus || status=1
+    else
+        echo "suites: sturdy.distribute() failed on the Citus cluster"; status=1
+    fi
     scripts/citus.sh stop "$citus_dir" 3
 else
     echo "suites: the Citus cluster did not start"; status=1
