@@ -43,12 +43,14 @@ def free_port():
 
 
 class Ui:
-    """A sturdy-ui process on a port of its own."""
+    """A sturdy-ui process on a port of its own: connecting to the test's
+    database (as `user`, with `settings` added to the DSN), or to `to` (a
+    whole DSN)."""
 
-    def __init__(self, *args, user=None):
+    def __init__(self, *args, user=None, settings="", to=None):
         self.port = free_port()
-        self.proc = subprocess.Popen([BIN, "--dsn", dsn(user=user), "--listen", f"127.0.0.1:{self.port}",
-                                      "--sample-every", "0", *args],
+        self.proc = subprocess.Popen([BIN, "--dsn", to or f"{dsn(user=user)} {settings}",
+                                      "--listen", f"127.0.0.1:{self.port}", "--sample-every", "0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(100):
             try:
@@ -73,6 +75,15 @@ class Ui:
 
     def get(self, path, **kw):
         return self.request("GET", path, **kw)
+
+    def raw(self, request):
+        """The status of the answer to `request`, sent as it is."""
+        with socket.create_connection(("127.0.0.1", self.port), 30) as s:
+            s.sendall(request.encode())
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        return int(answer.split(b" ", 2)[1]), answer.decode(errors="replace")
 
     def stop(self):
         self.proc.terminate()
@@ -225,6 +236,104 @@ def test_a_token_is_asked_of_every_request_and_a_login_sets_a_cookie(db):
         u.stop()
 
 
+def test_a_login_opens_a_session_whose_cookie_is_not_the_token_and_a_logout_ends_it(db):
+    u = Ui("--token", TOKEN)  # read-only: a logout is still allowed
+    try:
+        status, _, headers = u.request("POST", "/login", {"token": TOKEN})
+        assert status == 303
+        set_cookie = headers["set-cookie"]
+        cookie = set_cookie.split(";")[0]
+        session = cookie.split("=", 1)[1]
+        assert TOKEN not in set_cookie and len(session) == 64, set_cookie
+        for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"]:
+            assert attribute in set_cookie, attribute
+        assert "Secure" not in set_cookie, "plain HTTP, no proxy said https"
+        status, page, _ = u.get("/dead", headers={"Cookie": cookie})
+        assert status == 200 and 'action="/logout"' in page
+        csrf = csrf_of(page)
+        # the token where the cookie was, a forged session, a second login's own session
+        assert u.get("/", headers={"Cookie": f"sturdy_ui={TOKEN}"})[0] == 401
+        assert u.get("/", headers={"Cookie": "sturdy_ui=" + "0" * 64})[0] == 401
+        other = u.request("POST", "/login", {"token": TOKEN})[2]["set-cookie"].split(";")[0]
+        assert other != cookie and u.get("/", headers={"Cookie": other})[0] == 200
+        # a logout needs the CSRF token, then ends this session only, here and in the browser
+        assert u.request("POST", "/logout", {"csrf": "0" * 48}, headers={"Cookie": cookie})[0] == 403
+        assert u.get("/", headers={"Cookie": cookie})[0] == 200
+        status, _, headers = u.request("POST", "/logout", {"csrf": csrf}, headers={"Cookie": cookie})
+        assert status == 303 and headers["location"] == "/login"
+        assert headers["set-cookie"].startswith("sturdy_ui=;") and "Max-Age=0" in headers["set-cookie"]
+        assert u.get("/", headers={"Cookie": cookie})[0] == 401
+        assert u.get("/", headers={"Cookie": other})[0] == 200
+        # a bearer opens no session: its pages have no logout
+        status, page, _ = u.get("/", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200 and "/logout" not in page
+        # behind a TLS-terminating proxy the cookie is Secure
+        headers = u.request("POST", "/login", {"token": TOKEN}, headers={"X-Forwarded-Proto": "https"})[2]
+        assert headers["set-cookie"].endswith("; Secure")
+        # with a token, the token is the guard: any Host (a reverse proxy's name)
+        assert u.get("/", headers={"Host": "ops.example", "Authorization": f"Bearer {TOKEN}"})[0] == 200
+    finally:
+        u.stop()
+
+
+def sturdy_ui_connections(name):
+    with admin() as c:
+        return c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)).fetchone()[0]
+
+
+def test_without_a_token_only_requests_for_this_server_on_loopback_are_served(db):
+    """A page of another site whose name was rebound to 127.0.0.1 sends its
+    own name as Host: refused (421), before anything is read."""
+    u = Ui(settings="application_name=sturdy-ui-hosts")
+    try:
+        port = u.port
+        for host in ["evil.example", f"evil.example:{port}", f"127.0.0.1:{port + 1}", "127.0.0.1", "localhost"]:
+            status, page, _ = u.get("/", headers={"Host": host})
+            assert status == 421, (host, status)
+            assert f"127.0.0.1:{port}" in page and "--token" in page
+        assert u.request("POST", "/login", {"token": "x"}, headers={"Host": "evil.example"})[0] == 421
+        assert u.raw("GET / HTTP/1.0\r\n\r\n")[0] == 421, "no Host at all"
+        assert u.raw(f"GET http://evil.example/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n")[0] == 421
+        assert sturdy_ui_connections("sturdy-ui-hosts") == 0, "no query was run for them"
+        for host in [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"LOCALHOST:{port}"]:
+            assert u.get("/", headers={"Host": host})[0] == 200, host
+        assert sturdy_ui_connections("sturdy-ui-hosts") == 1
+    finally:
+        u.stop()
+
+
+def test_the_dsns_own_options_are_kept_and_the_statement_timeout_still_bounds_every_query(db):
+    u = Ui(settings="options='-c TimeZone=Pacific/Chatham -c statement_timeout=600000'")
+    try:
+        status, page, _ = u.get("/queue?name=emails")
+        assert status == 200
+        assert re.search(r"\+1[23]:45", page), "times in the DSN's time zone (Chatham, +12:45 or +13:45)"
+        with admin(DB) as c, c.transaction():
+            c.execute("LOCK TABLE sturdy.samples IN ACCESS EXCLUSIVE MODE")
+            start = time.monotonic()
+            status, page, _ = u.get("/")
+            took = time.monotonic() - start
+        assert status == 500 and "57014" in page, page[:800]
+        assert took < 20, f"cancelled by the dashboard's 5 s, not the DSN's 600 s: {took:.1f} s"
+    finally:
+        u.stop()
+
+
+def test_a_database_that_never_answers_gets_a_page_saying_so_not_a_hang(db):
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # accepts connections (the kernel does), never says a word
+        u = Ui(to=f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x")
+        try:
+            start = time.monotonic()
+            status, page, _ = u.get("/")
+            took = time.monotonic() - start
+            assert status == 503 and "Could not connect to the database within 5 s" in page, (status, page[:800])
+            assert took < 15, took
+        finally:
+            u.stop()
+
+
 def test_a_public_address_without_a_token_is_refused_at_start():
     run = subprocess.run([BIN, "--dsn", dsn(), "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 2 and "without --token" in run.stderr
@@ -303,6 +412,44 @@ def test_pages_of_a_large_database_scan_no_table_whole(db, ui):
     print(f"    sequential scans meanwhile (small tables, where the planner prefers them): {scanned}")
     large = {"queue", "instances", "deliveries", "outbox"}
     assert not {t: n for t, n in scanned.items() if t in large}, f"sequential scans: {scanned}"
+
+
+def test_long_lists_say_there_is_more(db, ui):
+    """Each list is read one row past what it shows, and says so where that
+    row came: 600 queues on the overview (the outbox and health still
+    shown), 202 checkpoints of an instance (and the next of them), 21
+    instances of one business key."""
+    with admin(DB) as c:
+        c.execute("SELECT sturdy.schedule('many-' || i, now(), 'many-' || lpad(i::text, 3, '0'))"
+                  " FROM generate_series(1, 600) i")
+        c.execute("SELECT sturdy.sample()")
+        iid = c.execute("SELECT sturdy.start('ship', 'cp-many', '{}')").fetchone()[0]
+        workflow = c.execute("SELECT workflow FROM sturdy.instances WHERE id = %s", (iid,)).fetchone()[0]
+        c.execute("INSERT INTO sturdy.checkpoints (workflow, step, value, recorded_at)"
+                  " SELECT %s, 'step-' || lpad(i::text, 3, '0'), to_jsonb(i), clock_timestamp()"
+                  " FROM generate_series(1, 201) i", (workflow,))
+        c.execute("INSERT INTO sturdy.checkpoints (workflow, step, value, recorded_at)"
+                  " VALUES (%s, 'zz-large', jsonb_build_object('s', repeat('x', 100000)), now())", (workflow,))
+        c.execute("INSERT INTO sturdy.instances (process, business_key, workflow, queue, variables)"
+                  " SELECT 'p', 'twins', 'twin-' || i, 'twins', '{}' FROM generate_series(1, 21) i")
+    status, page, _ = ui.get("/")
+    assert status == 200
+    assert "Showing the first 500 queues by name; there are more." in page
+    assert "many-400" in page and "many-600" not in page
+    assert "order.placed" in page and "oldest ready job" in page, "the outbox and the health signals are still shown"
+    status, page, _ = ui.get(f"/instance?q={iid}")
+    assert status == 200
+    assert "<td>step-001</td>" in page and "<td>step-200</td>" in page and "step-201" not in page
+    assert "Showing the first 200 checkpoints; there are more." in page
+    nxt = re.search(r'href="(/instance\?q=\d+&amp;after=step-200)"', page).group(1).replace("&amp;", "&")
+    status, page, _ = ui.get(nxt)
+    assert status == 200 and "<td>step-201</td>" in page and "<td>step-200</td>" not in page
+    assert "there are more" not in page
+    large = len(json.dumps({"s": "x" * 100000}))
+    assert f"… ({large} characters)" in page, "a large value: its start, and its length"
+    status, page, _ = ui.get("/instance?q=twins")
+    assert status == 200 and page.count('href="/instance?q=') >= 20
+    assert "Showing the first 20 instances" in page and "there are more" in page
 
 
 # --- In a real browser ----------------------------------------------------------------------------

@@ -12,11 +12,15 @@ th{font-weight:600;background:#eef0f3}td.n{text-align:right;font-variant-numeric
 .ok{color:#137333}.bad{color:#b3261e;font-weight:600}.error{color:#b3261e}.muted{color:#6b7280}
 .bar{width:160px;height:10px;background:#e3e6eb}.bar div{height:10px;background:#2f6feb}
 pre{white-space:pre-wrap;word-break:break-all;max-width:720px;margin:0}
-form.inline{display:inline}button{cursor:pointer}
+form.inline{display:inline}button{cursor:pointer}form.logout{float:right}
+p.more{color:#6b7280;font-style:italic}
 .signals{display:flex;flex-wrap:wrap;gap:6px}.signal{padding:2px 8px;border-radius:10px;background:#fff;border:1px solid #e3e6eb}
 .signal.ok{border-color:#9fd3ad}.signal.bad{border-color:#e8a29c;background:#fdecea}";
 
+/// A page: `body` in the frame every page shares (its navigation, and a
+/// logout button while a session is open: see [`Frame`]).
 pub(crate) fn layout(title: &str, body: Markup) -> Markup {
+    let frame = FRAME.try_with(Frame::clone).unwrap_or_default();
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -33,6 +37,12 @@ pub(crate) fn layout(title: &str, body: Markup) -> Markup {
                     a href="/batches" { "Batch jobs" }
                     form.inline method="get" action="/instance" {
                         input type="search" name="q" placeholder="instance id or business key";
+                    }
+                    @if let Some(csrf) = &frame.logout {
+                        form.inline.logout method="post" action="/logout" {
+                            input type="hidden" name="csrf" value=(csrf);
+                            button type="submit" { "Log out" }
+                        }
                     }
                 }
                 main { (body) }
@@ -59,11 +69,33 @@ pub(crate) fn shown(text: &str) -> String {
 
 /// A short text of a long one.
 pub(crate) fn clipped(text: &str, at: usize) -> String {
-    if text.chars().count() <= at {
+    clipped_of(text, text.chars().count(), at)
+}
+
+/// A short text of one `length` characters long, of which `text` is the
+/// start (at least `at` characters of it, where it is longer): the
+/// database sends only that much of a large value.
+pub(crate) fn clipped_of(text: &str, length: usize, at: usize) -> String {
+    if length <= at {
         shown(text)
     } else {
         let cut: String = text.chars().take(at).collect();
-        format!("{} … ({} characters)", shown(&cut), text.chars().count())
+        format!("{} … ({length} characters)", shown(&cut))
+    }
+}
+
+/// The first `n` of `rows`, and whether there were more: each list is read
+/// one row past what it shows, so that a full page can say so.
+pub(crate) fn first(rows: &[Row], n: i64) -> (&[Row], bool) {
+    let n = usize::try_from(n).unwrap_or(0);
+    (&rows[..rows.len().min(n)], rows.len() > n)
+}
+
+/// What a page says under a list it cut: `what` it shows ("the first 500
+/// queues"), then `rest` (where to see more).
+pub(crate) fn more(what: &str, rest: Markup) -> Markup {
+    html! {
+        p.more { "Showing " (what) "; there are more. " (rest) }
     }
 }
 
@@ -125,16 +157,19 @@ pub(crate) fn int(row: &Row, i: usize) -> i64 {
     row.get::<_, Option<i64>>(i).unwrap_or(0)
 }
 
-/// The sparkline series of one sampled thing over the last hour: the
-/// figure `figure`, oldest first.
-pub(crate) fn series(rows: &[Row], kind: &str, name: &str, subscriber: &str) -> Vec<(f64, f64)> {
-    rows.iter()
-        .filter(|r| text(r, 0) == kind && text(r, 1) == name && text(r, 2) == subscriber)
-        .map(|r| {
-            (
-                r.get::<_, Option<f64>>(3).unwrap_or(0.0),
-                r.get::<_, Option<f64>>(4).unwrap_or(0.0),
-            )
-        })
-        .collect()
+/// The sparkline series of `things` sampled things, oldest first, from
+/// rows of (the thing's place in the list, from 1; depth; throughput), in
+/// one pass: a page of a thousand things must not filter every row for each.
+pub(crate) fn series(rows: &[Row], things: usize) -> Vec<Vec<(f64, f64)>> {
+    let mut series = vec![Vec::new(); things];
+    for r in rows {
+        let place = usize::try_from(int(r, 0) - 1).ok();
+        if let Some(points) = place.and_then(|p| series.get_mut(p)) {
+            points.push((
+                r.get::<_, Option<f64>>(1).unwrap_or(0.0),
+                r.get::<_, Option<f64>>(2).unwrap_or(0.0),
+            ));
+        }
+    }
+    series
 }

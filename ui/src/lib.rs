@@ -5,18 +5,26 @@
 //!
 //! - Server-rendered HTML (`maud`, which escapes every value), charts as
 //!   inline SVG, no script and nothing fetched from elsewhere.
-//! - Every query bounded: pages of at most [`PAGE`] rows by keyset, a
-//!   `statement_timeout` on every connection; the overview reads the counts
-//!   `sturdy.sample()` keeps (`sturdy.samples`, once a minute) instead of
-//!   counting the live tables, and says so.
+//! - Every query bounded: pages of at most [`PAGE`] rows by keyset, each
+//!   list read one row past what it shows so that the page can say there is
+//!   more, a `statement_timeout` on every connection; the overview reads the
+//!   counts `sturdy.sample()` keeps (`sturdy.samples`, once a minute) instead
+//!   of counting the live tables, and says so.
+//! - No request waits for ever: a connection of the pool is waited for at
+//!   most [`ACQUIRE_WITHIN`], a new one made within [`CONNECT_WITHIN`], and a
+//!   whole request is given up after [`REQUEST_WITHIN`].
 //! - Listens on 127.0.0.1 by default; any other address needs `--token`.
-//!   Read-only unless `--allow-actions`; each action is a POST carrying the
-//!   process's CSRF token and calls one pg_sturdy function as the role the
-//!   DSN connects as.
+//!   Without a token, a request must name this server on loopback in its
+//!   `Host` (a page of another site whose name was rebound to 127.0.0.1
+//!   names itself); with one, a login opens a session of [`SESSION`] whose
+//!   random id, not the token, is the cookie. Read-only unless
+//!   `--allow-actions`; each action is a POST carrying the process's CSRF
+//!   token and calls one pg_sturdy function as the role the DSN connects as.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Form, Path, Query, Request, State};
@@ -43,8 +51,8 @@ pub const USAGE: &str = "usage: sturdy-ui --dsn DSN [--listen ADDR:PORT] [--toke
 
   --dsn            a libpq connection string of a database with pg_sturdy
   --listen         default 127.0.0.1:8089; any other address needs --token
-  --token          required of every request: Authorization: Bearer TOKEN, or a
-                   cookie set once through /login
+  --token          required of every request: Authorization: Bearer TOKEN, or the
+                   session cookie a login at /login sets (12 hours)
   --allow-actions  show and accept redrive and cancel (read-only without it)
   --sample-every   call sturdy.sample() this often (default 60; 0: never, when
                    pg_cron does)";
@@ -57,6 +65,22 @@ const STATEMENT_TIMEOUT_MS: u32 = 5_000;
 
 /// Connections the dashboard holds at most.
 const POOL: usize = 4;
+
+/// How long a request waits for one of the pool's connections before the
+/// page says the pool is busy.
+pub const ACQUIRE_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long making a connection may take, the TCP connect and the startup
+/// together (unless the DSN gives its own `connect_timeout`).
+pub const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a whole request may take: a database that stops answering in
+/// the middle of a query (a frozen server, a dropped network) is not
+/// caught by `statement_timeout`, which the server itself enforces.
+pub const REQUEST_WITHIN: Duration = Duration::from_secs(60);
+
+/// How long a login's session lasts (not extended by use).
+pub const SESSION: Duration = Duration::from_secs(12 * 60 * 60);
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -129,6 +153,8 @@ struct App {
     pool: Pool,
     /// Carried by every action's form: a page of another site cannot know it.
     csrf: String,
+    /// The sessions logins opened (only with a token).
+    sessions: Sessions,
 }
 
 type Shared = Arc<App>;
@@ -173,6 +199,10 @@ impl Failure {
         }
     }
 
+    fn busy(message: &str) -> Failure {
+        Failure::refused(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
     fn refused(status: StatusCode, message: &str) -> Failure {
         Failure {
             status,
@@ -213,11 +243,13 @@ type Page = Result<Markup, Failure>;
 /// Make the router for `config` (its pool connects on first use).
 pub fn router(config: Config) -> Result<Router, String> {
     let pool = Pool::new(&config.dsn)?;
-    let mut bytes = [0u8; 24];
-    getrandom::getrandom(&mut bytes)
-        .map_err(|e| format!("no randomness for the CSRF token: {e}"))?;
-    let csrf = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let app: Shared = Arc::new(App { config, pool, csrf });
+    let csrf = random_hex(24).map_err(|e| format!("no randomness for the CSRF token: {e}"))?;
+    let app: Shared = Arc::new(App {
+        config,
+        pool,
+        csrf,
+        sessions: Sessions::default(),
+    });
     Ok(Router::new()
         .route("/", get(overview))
         .route("/queue", get(queue_page))
@@ -228,6 +260,7 @@ pub fn router(config: Config) -> Result<Router, String> {
         .route("/deliveries/{id}/redrive", post(redrive))
         .route("/instances/{id}/cancel", post(cancel))
         .route("/login", get(login_form).post(login))
+        .route("/logout", post(logout))
         .layer(middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app))
 }
@@ -259,6 +292,13 @@ pub async fn serve(config: Config) -> Result<(), String> {
         })
         .await
         .map_err(|e| e.to_string())
+}
+
+/// `n` random bytes as hex.
+fn random_hex(n: usize) -> Result<String, getrandom::Error> {
+    let mut bytes = vec![0u8; n];
+    getrandom::getrandom(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 async fn sample(pool: &Pool) -> Result<(), Failure> {

@@ -3,6 +3,26 @@
 
 use super::*;
 
+/// Queues, and outbox subscriptions, the overview shows at most.
+pub(crate) const OVERVIEW_ROWS: i64 = 500;
+
+/// Batch jobs the overview shows at most (the batch jobs page has more).
+const OVERVIEW_BATCHES: i64 = 20;
+
+/// Samples a sparkline or a bar chart draws at most, the newest: all of the
+/// last hour at the default rate of one a minute, the last 30 minutes at
+/// one every 15 s.
+const HISTORY_POINTS: i64 = 120;
+
+/// Checkpoints an instance's page shows at most, in step order.
+const CHECKPOINTS: i64 = 200;
+
+/// Instances a search lists at most.
+const FOUND: i64 = 20;
+
+/// Characters of a checkpoint's value its row shows.
+const VALUE_SHOWN: usize = 500;
+
 pub(crate) async fn overview(State(app): State<Shared>) -> Page {
     let c = app.pool.get().await?;
     let last = c
@@ -14,51 +34,74 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
         )
         .await?;
     let sampled_at = text(&last, 0);
-    // the latest sample of each thing (from the last sampling only)
+    // the latest sample of each thing (from the last sampling only), at
+    // most OVERVIEW_ROWS + 1 of each kind in the primary key's order, so
+    // that many queues cannot push the outbox or the health signals off
     let latest = c
         .query(
-            "SELECT kind::text, name::text, subscriber, figures::text,
-                    (figures->>'ready')::int8, (figures->>'leased')::int8, (figures->>'sleeping')::int8,
-                    (figures->>'oldest_ready_seconds')::float8, (figures->>'paused')::bool,
-                    (figures->>'held_back')::int8,
-                    (figures->>'pending')::int8, (figures->>'retrying')::int8, (figures->>'dead')::int8,
-                    (figures->>'oldest_pending_seconds')::float8,
-                    (figures->>'count')::int8, figures->>'value', (figures->>'ok')::bool, figures->>'meaning'
-               FROM sturdy.samples
-              WHERE sampled_at = (SELECT max(sampled_at) FROM sturdy.samples)
-              ORDER BY kind, name, subscriber
-              LIMIT 500",
-            &[],
+            "WITH last AS (SELECT max(sampled_at) AS at FROM sturdy.samples)
+             SELECT s.kind::text, s.name::text, s.subscriber, s.figures::text,
+                    (s.figures->>'ready')::int8, (s.figures->>'leased')::int8, (s.figures->>'sleeping')::int8,
+                    (s.figures->>'oldest_ready_seconds')::float8, (s.figures->>'paused')::bool,
+                    (s.figures->>'held_back')::int8,
+                    (s.figures->>'pending')::int8, (s.figures->>'retrying')::int8, (s.figures->>'dead')::int8,
+                    (s.figures->>'oldest_pending_seconds')::float8,
+                    (s.figures->>'count')::int8, s.figures->>'value', (s.figures->>'ok')::bool, s.figures->>'meaning'
+               FROM unnest(ARRAY['health', 'instances', 'queue', 'outbox']) WITH ORDINALITY AS k(kind, n)
+              CROSS JOIN LATERAL (
+                    SELECT * FROM sturdy.samples
+                     WHERE kind = k.kind AND sampled_at = (SELECT at FROM last)
+                     ORDER BY name, subscriber
+                     LIMIT $1) s
+              ORDER BY k.n, s.name, s.subscriber",
+            &[&(OVERVIEW_ROWS + 1)],
         )
         .await?;
-    // an hour of history, per minute: depth and throughput
+    let (queues, more_queues) = first_of(&latest, "queue", OVERVIEW_ROWS);
+    let (outbox, more_outbox) = first_of(&latest, "outbox", OVERVIEW_ROWS);
+    // an hour of history of each queue and subscription shown, newest
+    // first by the primary key: depth and throughput
+    let (mut kinds, mut names, mut subscribers) = (Vec::new(), Vec::new(), Vec::new());
+    for r in queues.iter().chain(&outbox) {
+        kinds.push(text(r, 0));
+        names.push(text(r, 1));
+        subscribers.push(text(r, 2));
+    }
     let history = c
         .query(
-            "SELECT kind::text, name::text, subscriber,
-                    COALESCE((figures->>'ready')::float8 + (figures->>'leased')::float8,
-                             (figures->>'pending')::float8),
-                    COALESCE((figures->>'ended')::float8, (figures->>'delivered')::float8, 0)
-               FROM sturdy.samples
-              WHERE sampled_at > now() - interval '1 hour' AND kind IN ('queue', 'outbox')
-              ORDER BY sampled_at
-              LIMIT 60000",
-            &[],
+            "SELECT t.n, h.depth, h.ended
+               FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(kind, name, subscriber, n)
+              CROSS JOIN LATERAL (
+                    SELECT sampled_at,
+                           COALESCE((figures->>'ready')::float8 + (figures->>'leased')::float8,
+                                    (figures->>'pending')::float8) AS depth,
+                           COALESCE((figures->>'ended')::float8, (figures->>'delivered')::float8, 0) AS ended
+                      FROM sturdy.samples
+                     WHERE kind = t.kind AND name = t.name AND subscriber = t.subscriber
+                       AND sampled_at > now() - interval '1 hour'
+                     ORDER BY sampled_at DESC
+                     LIMIT $4) h
+              ORDER BY t.n, h.sampled_at",
+            &[&kinds, &names, &subscribers, &HISTORY_POINTS],
         )
         .await?;
+    let history = series(&history, kinds.len());
+    let shown_queues: Vec<String> = queues.iter().map(|r| text(r, 1)).collect();
     let limits = c
         .query(
             "SELECT queue::text, running, per_key, per_second, burst FROM sturdy.queue_limits
-              ORDER BY queue LIMIT 1000",
-            &[],
+              WHERE queue = ANY($1::text[])",
+            &[&shown_queues],
         )
         .await?;
     let batches = c
         .query(
             "SELECT name, done, remaining, rows_per_second, eta::text, complete
-               FROM sturdy.batch_jobs ORDER BY complete, updated_at DESC LIMIT 20",
-            &[],
+               FROM sturdy.batch_jobs ORDER BY complete, updated_at DESC LIMIT $1",
+            &[&(OVERVIEW_BATCHES + 1)],
         )
         .await?;
+    let (batches, more_batches) = first(&batches, OVERVIEW_BATCHES);
     drop(c);
     let of = |kind: &'static str| latest.iter().filter(move |r| text(r, 0) == kind);
     let limit_of = |queue: &str| {
@@ -106,9 +149,8 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
             table {
                 tr { th { "queue" } th { "ready" } th { "leased" } th { "sleeping" } th { "oldest ready" }
                      th { "limits" } th { "held back" } th { "depth, last hour" } th { "ended each sample" } }
-                @for r in of("queue") {
+                @for (r, s) in queues.iter().zip(&history) {
                     @let name = text(r, 1);
-                    @let s = series(&history, "queue", &name, "");
                     tr {
                         td { a href=(format!("/queue?name={}", encode(&name))) { (shown(&name)) }
                              @if r.get::<_, Option<bool>>(8) == Some(true) { " " span.bad { "paused" } } }
@@ -121,13 +163,14 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                     }
                 }
             }
+            @if more_queues { (more(&format!("the first {OVERVIEW_ROWS} queues by name"), html! {
+                "The queue page of any one shows its rows; " code { "sturdy.queue_stats" } " counts them all (reading the live tables)." })) }
             h2 { "Outbox" }
             table {
                 tr { th { "event" } th { "subscriber" } th { "pending" } th { "retrying" } th { "dead" }
                      th { "oldest pending" } th { "pending, last hour" } th { "delivered each sample" } }
-                @for r in of("outbox") {
+                @for (r, s) in outbox.iter().zip(&history[queues.len()..]) {
                     @let (event, subscriber) = (text(r, 1), text(r, 2));
-                    @let s = series(&history, "outbox", &event, &subscriber);
                     tr {
                         td { (shown(&event)) } td { (shown(&subscriber)) }
                         td.n { (int(r, 10)) } td.n { (int(r, 11)) }
@@ -138,6 +181,8 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                     }
                 }
             }
+            @if more_outbox { (more(&format!("the first {OVERVIEW_ROWS} subscriptions by event and subscriber"), html! {
+                code { "sturdy.outbox_stats" } " counts them all (reading the live tables)." })) }
             h2 { "Workflow instances" }
             table {
                 tr { @for r in of("instances") { th { (shown(&text(r, 1))) } } }
@@ -149,7 +194,7 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
             h2 { a href="/batches" { "Batch jobs" } }
             table {
                 tr { th { "job" } th { "progress" } th { "done" } th { "remaining" } th { "rows/s" } th { "time left" } }
-                @for b in &batches {
+                @for b in batches {
                     @let (done, remaining) = (int(b, 1), int(b, 2));
                     tr {
                         td { (shown(&text(b, 0))) }
@@ -159,8 +204,18 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                     }
                 }
             }
+            @if more_batches { (more(&format!("the first {OVERVIEW_BATCHES} batch jobs"), html! { a href="/batches" { "All of them →" } })) }
         },
     ))
+}
+
+/// The rows of `kind` of the overview's latest sample: the first `n`, and
+/// whether there were more.
+fn first_of<'a>(rows: &'a [Row], kind: &str, n: i64) -> (Vec<&'a Row>, bool) {
+    let mut of: Vec<&Row> = rows.iter().filter(|r| text(r, 0) == kind).collect();
+    let more = of.len() as i64 > n;
+    of.truncate(usize::try_from(n).unwrap_or(0));
+    (of, more)
 }
 
 pub(crate) fn percent(done: i64, remaining: i64) -> f64 {
@@ -213,10 +268,11 @@ pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQ
                 AND (q.visible_at, q.seq) > (COALESCE($2::text::timestamptz, '-infinity'), COALESCE($3::int8, 0))
               ORDER BY q.visible_at, q.seq
               LIMIT $4",
-            &[&q.name, &q.after, &q.seq, &PAGE],
+            &[&q.name, &q.after, &q.seq, &(PAGE + 1)],
         )
         .await?;
-    let next = rows.last().filter(|_| rows.len() as i64 == PAGE).map(|r| {
+    let (rows, more) = first(&rows, PAGE);
+    let next = rows.last().filter(|_| more).map(|r| {
         format!(
             "/queue?name={}&after={}&seq={}",
             encode(&q.name),
@@ -232,7 +288,7 @@ pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQ
             table {
                 tr { th { "workflow" } th { "state" } th { "visible at" } th { "leased until" } th { "takes" }
                      th { "key" } th { "priority" } th { "claim held by" } th { "claim until" } }
-                @for r in &rows {
+                @for r in rows {
                     tr {
                         td { a href=(format!("/instance?q={}", encode(&text(r, 0)))) { (shown(&text(r, 0))) } }
                         td { @if r.get::<_, Option<bool>>(9) == Some(true) { "leased" }
@@ -253,6 +309,8 @@ pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQ
 pub(crate) struct Find {
     q: Option<String>,
     note: Option<String>,
+    /// the keyset of the checkpoints: the last step shown
+    after: Option<String>,
 }
 
 pub(crate) async fn instance_page(State(app): State<Shared>, Query(f): Query<Find>) -> Page {
@@ -272,11 +330,12 @@ pub(crate) async fn instance_page(State(app): State<Shared>, Query(f): Query<Fin
               UNION ALL
              (SELECT id, process, business_key, workflow, queue, status, revision,
                     variables::text, last_error, created_at::text, updated_at::text, finished_at::text
-               FROM sturdy.instances WHERE business_key = $1 ORDER BY id DESC LIMIT 20)
-              LIMIT 20",
-            &[&q],
+               FROM sturdy.instances WHERE business_key = $1 ORDER BY id DESC LIMIT $2)
+              LIMIT $2",
+            &[&q, &(FOUND + 1)],
         )
         .await?;
+    let (found, more_found) = first(&found, FOUND);
     let one = (found.len() == 1).then(|| &found[0]);
     let mut history = Vec::new();
     let mut claim = None;
@@ -284,10 +343,22 @@ pub(crate) async fn instance_page(State(app): State<Shared>, Query(f): Query<Fin
     let mut idempotency = Vec::new();
     if let Some(i) = one {
         let (id, workflow, queue) = (int(i, 0), text(i, 3), text(i, 4));
+        // by the primary key (workflow, step), in its order: sturdy.load()
+        // would read every checkpoint to sort them by time; a value is sent
+        // only as far as the page shows it
         history = c
             .query(
-                "SELECT step, value::text, recorded_at::text FROM sturdy.load($1) LIMIT 200",
-                &[&workflow],
+                "SELECT step, left(value::text, $3), recorded_at::text, length(value::text)::int8
+                   FROM sturdy.checkpoints
+                  WHERE workflow = $1 AND step > COALESCE($2, '')
+                  ORDER BY step
+                  LIMIT $4",
+                &[
+                    &workflow,
+                    &f.after,
+                    &(VALUE_SHOWN as i32),
+                    &(CHECKPOINTS + 1),
+                ],
             )
             .await?;
         claim = c
@@ -311,6 +382,11 @@ pub(crate) async fn instance_page(State(app): State<Shared>, Query(f): Query<Fin
             .await?;
     }
     drop(c);
+    let (history, more_history) = first(&history, CHECKPOINTS);
+    let next_history = history
+        .last()
+        .filter(|_| more_history)
+        .map(|h| format!("/instance?q={}&after={}", encode(&q), encode(&text(h, 0))));
     Ok(layout(
         "Instance",
         html! {
@@ -323,12 +399,13 @@ pub(crate) async fn instance_page(State(app): State<Shared>, Query(f): Query<Fin
                     @else {
                         table {
                             tr { th { "id" } th { "process" } th { "business key" } th { "status" } th { "updated" } }
-                            @for i in &found {
+                            @for i in found {
                                 tr { td { a href=(format!("/instance?q={}", int(i, 0))) { (int(i, 0)) } }
                                      td { (shown(&text(i, 1))) } td { (shown(&text(i, 2))) }
                                      td { (text(i, 5)) } td { (text(i, 10)) } }
                             }
                         }
+                        @if more_found { (more(&format!("the first {FOUND} instances (by this business key, the newest first)"), html! {})) }
                     }
                 }
                 Some(i) => {
@@ -367,11 +444,18 @@ pub(crate) async fn instance_page(State(app): State<Shared>, Query(f): Query<Fin
                     }
                     @if queued.is_empty() { p.muted { "None." } }
                     h2 { "History (checkpoints)" }
+                    p.muted { "By step name, " (CHECKPOINTS) " at a time" @if let Some(after) = &f.after { ", after " code { (shown(after)) } } "." }
                     table {
                         tr { th { "step" } th { "value" } th { "recorded at" } }
-                        @for h in &history {
-                            tr { td { (shown(&text(h, 0))) } td { pre { (clipped(&text(h, 1), 500)) } } td { (text(h, 2)) } }
+                        @for h in history {
+                            @let length = usize::try_from(int(h, 3)).unwrap_or(0);
+                            tr { td { (shown(&text(h, 0))) } td { pre { (clipped_of(&text(h, 1), length, VALUE_SHOWN)) } } td { (text(h, 2)) } }
                         }
+                    }
+                    @if history.is_empty() { p.muted { "None." } }
+                    @if let Some(next) = next_history {
+                        (more(&format!("{}{CHECKPOINTS} checkpoints", if f.after.is_none() { "the first " } else { "" }),
+                              html! { a href=(next) { "Next " (CHECKPOINTS) " →" } }))
                     }
                 }
             }
@@ -404,12 +488,13 @@ pub(crate) async fn dead_page(State(app): State<Shared>, Query(a): Query<After>)
                FROM sturdy.deliveries d JOIN sturdy.outbox o ON o.id = d.outbox_id
               WHERE d.state = 'dead' AND d.id > $1
               ORDER BY d.id LIMIT $2",
-            &[&a.after.unwrap_or(0), &PAGE],
+            &[&a.after.unwrap_or(0), &(PAGE + 1)],
         )
         .await?;
+    let (rows, more) = first(&rows, PAGE);
     let next = rows
         .last()
-        .filter(|_| rows.len() as i64 == PAGE)
+        .filter(|_| more)
         .map(|r| format!("/dead?after={}", int(r, 0)));
     Ok(layout(
         "Dead letters",
@@ -420,7 +505,7 @@ pub(crate) async fn dead_page(State(app): State<Shared>, Query(a): Query<After>)
             table {
                 tr { th { "delivery" } th { "event" } th { "subscriber" } th { "attempts" } th { "error" }
                      th { "SQLSTATE" } th { "payload" } th { "aggregate" } th { "emitted" } th { "" } }
-                @for r in &rows {
+                @for r in rows {
                     tr {
                         td.n { (int(r, 0)) } td { (shown(&text(r, 1))) } td { (shown(&text(r, 2))) }
                         td.n { (int(r, 3)) } td { pre.error { (clipped(&text(r, 4), 500)) } }
@@ -486,16 +571,26 @@ pub(crate) async fn batches_page(State(app): State<Shared>) -> Page {
             "SELECT name, target::text, done, remaining, chunk::int8, chunks::int8, rows_per_second, eta::text,
                     last_seconds::float8, complete
                FROM sturdy.batch_jobs ORDER BY complete, updated_at DESC LIMIT $1",
-            &[&PAGE],
+            &[&(PAGE + 1)],
         )
         .await?;
+    let (jobs, more_jobs) = first(&jobs, PAGE);
+    // an hour of history of each job shown, newest first by the primary key
+    let names: Vec<String> = jobs.iter().map(|j| text(j, 0)).collect();
     let history = c
         .query(
-            "SELECT name::text, to_char(sampled_at, 'HH24:MI'), (figures->>'chunk')::float8,
-                    (figures->>'last_seconds')::float8
-               FROM sturdy.samples WHERE kind = 'batch' AND sampled_at > now() - interval '1 hour'
-              ORDER BY sampled_at LIMIT 6000",
-            &[],
+            "SELECT t.name, to_char(h.sampled_at, 'HH24:MI'), h.chunk, h.last_seconds
+               FROM unnest($1::text[]) WITH ORDINALITY AS t(name, n)
+              CROSS JOIN LATERAL (
+                    SELECT sampled_at, (figures->>'chunk')::float8 AS chunk,
+                           (figures->>'last_seconds')::float8 AS last_seconds
+                      FROM sturdy.samples
+                     WHERE kind = 'batch' AND name = t.name AND subscriber = ''
+                       AND sampled_at > now() - interval '1 hour'
+                     ORDER BY sampled_at DESC
+                     LIMIT $2) h
+              ORDER BY t.n, h.sampled_at",
+            &[&names, &HISTORY_POINTS],
         )
         .await?;
     drop(c);
@@ -503,7 +598,7 @@ pub(crate) async fn batches_page(State(app): State<Shared>) -> Page {
         "Batch jobs",
         html! {
             h1 { "Batch jobs" }
-            @for j in &jobs {
+            @for j in jobs {
                 @let name = text(j, 0);
                 @let (done, remaining) = (int(j, 2), int(j, 3));
                 h2 { (shown(&name)) " " span.muted { "on " (shown(&text(j, 1))) } }
@@ -522,6 +617,8 @@ pub(crate) async fn batches_page(State(app): State<Shared>) -> Page {
                 }
             }
             @if jobs.is_empty() { p { "No named batch jobs." } }
+            @if more_jobs { (more(&format!("the first {PAGE} batch jobs (unfinished first, then the latest to run)"), html! {
+                code { "sturdy.batch_jobs" } " lists them all." })) }
         },
     ))
 }
