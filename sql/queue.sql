@@ -132,6 +132,7 @@ CREATE TABLE sturdy.queue_limits (
     burst       integer     CHECK (burst > 0),
     tokens      float8,
     refilled_at timestamptz,
+    settling    boolean     NOT NULL DEFAULT false,
     CHECK ((per_second IS NULL) = (burst IS NULL))
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_limits', '');
@@ -145,6 +146,7 @@ COMMENT ON COLUMN sturdy.queue_limits.per_second IS 'Takes a second on average (
 COMMENT ON COLUMN sturdy.queue_limits.burst IS 'At most this many takes at once (the bucket''s size).';
 COMMENT ON COLUMN sturdy.queue_limits.tokens IS 'What is in the bucket as of refilled_at: rows take may hand out.';
 COMMENT ON COLUMN sturdy.queue_limits.refilled_at IS 'When the bucket was last refilled (a take''s now()).';
+COMMENT ON COLUMN sturdy.queue_limits.settling IS 'Passes started under an earlier, higher limit still hold places past running or per_key: takes count the places held until none does.';
 
 -- The running limit's places: one row per place; a pass holds one from its
 -- take (workflow, receipt) until its done, finish or wake_at, or until its

@@ -108,6 +108,20 @@ pub fn positive(arg: &'static str, v: Option<i32>) -> Result<i32> {
     }
 }
 
+/// `v` (already checked positive) no larger than `max`, a documented
+/// maximum of an argument that sizes work: past it a clear error, never a
+/// statement that runs until it is cancelled.
+pub fn at_most(arg: &'static str, v: i32, max: i32, hint: &'static str) -> Result<i32> {
+    if v > max {
+        return Err(Error::Invalid {
+            arg,
+            why: format!("must be at most {max}, got {v}"),
+            hint,
+        });
+    }
+    Ok(v)
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {

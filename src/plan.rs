@@ -243,9 +243,39 @@ fn run_as_set_filled<R>(
     })
 }
 
+/// Whether this transaction's statements all run on its first snapshot
+/// (repeatable read or serializable).
+pub fn on_transaction_snapshot() -> bool {
+    // SAFETY: reads the transaction's isolation level, a plain global.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 }
+}
+
+/// Run `stmt` (a read) on a snapshot taken now, not the caller's, and read
+/// its rows: for what a backend keeps past its statement under a mark it
+/// took in first (`queue::limits`), which must be at least as new as the
+/// mark. The caller's snapshot may be older than a change whose
+/// invalidation the mark already took in (a repeatable-read transaction's,
+/// or a statement's that began before the change committed): what it read
+/// would be kept under the new mark for good.
+pub fn run_at_latest<R>(
+    stmt: &'static Statement,
+    args: &[DatumWithOid<'_>],
+    read: impl FnOnce(Rows) -> Result<R>,
+) -> Result<R> {
+    Spi::connect(|_| {
+        execute_kept(stmt, args, true)?;
+        read(last_rows())
+    })
+}
+
 /// Run `stmt`'s kept generic plan on the open SPI connection; its rows are in
 /// SPI_tuptable.
 fn execute_generic(stmt: &'static Statement, args: &[DatumWithOid<'_>]) -> Result<()> {
+    execute_kept(stmt, args, false)
+}
+
+/// [`execute_generic`], or with `latest` a read on a snapshot taken now.
+fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: bool) -> Result<()> {
     let plan = stmt.generic_plan()?;
     let values: Vec<pg_sys::Datum> = args
         .iter()
@@ -261,7 +291,22 @@ fn execute_generic(stmt: &'static Statement, args: &[DatumWithOid<'_>]) -> Resul
     // SAFETY: `plan` was prepared for exactly these argument types (the
     // statement's), inside the SPI connection our caller opened.
     let rc = unsafe {
-        pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
+        if latest {
+            // read-only on a snapshot of now: SPI makes it the active one
+            // for the statement (GetLatestSnapshot's is copied as pushed)
+            pg_sys::SPI_execute_snapshot(
+                plan,
+                values.as_ptr().cast_mut(),
+                nulls.as_ptr(),
+                pg_sys::GetLatestSnapshot(),
+                std::ptr::null_mut(),
+                true,
+                false,
+                0,
+            )
+        } else {
+            pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
+        }
     };
     if rc < 0 {
         return Err(Error::Internal {

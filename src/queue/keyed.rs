@@ -35,17 +35,23 @@
 use super::*;
 
 /// The filter of a keyed take's scan: a row without a key, or one whose
-/// key has a free place (no receipt, or a passed one), or has no places
-/// yet (the take makes them). Each probe runs per row, an index lookup of
-/// the key's places (`OFFSET 0` keeps the planner from hashing the places
-/// of the whole queue instead).
+/// key has a free place up to the limit `$7` (no receipt, or a passed
+/// one), or has no places yet (the take makes them); while the queue
+/// settles (`$8`), also fewer places held than the limit. Each probe runs
+/// per row, an index lookup of the key's places (`OFFSET 0` keeps the
+/// planner from hashing the places of the whole queue instead).
 macro_rules! key_free {
     () => {
         "AND (q.key IS NULL
-              OR EXISTS (SELECT FROM sturdy.queue_key_places p
-                          WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
-                            AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
-                         OFFSET 0)
+              OR (EXISTS (SELECT FROM sturdy.queue_key_places p
+                           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
+                             AND p.place OPERATOR(pg_catalog.<=) $7
+                             AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                          OFFSET 0)
+                  AND ($8 IS NOT TRUE
+                       OR (SELECT pg_catalog.count(*) FROM sturdy.queue_key_places h
+                            WHERE h.queue OPERATOR(pg_catalog.=) $1 AND h.key OPERATOR(pg_catalog.=) q.key
+                              AND h.receipt OPERATOR(pg_catalog.>) $4) OPERATOR(pg_catalog.<) $7))
               OR NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) q.key
                              OFFSET 0))"
@@ -70,7 +76,8 @@ macro_rules! head {
 }
 
 /// See the module comment. `$1` queue, `$2` lease, `$3` max, `$4` due by,
-/// the default level read from the place (`$5`, `$6`) on. Returns each row
+/// the default level read from the place (`$5`, `$6`) on, `$7` the
+/// per-key limit, `$8` whether the queue settles (`limits::settle`). Returns each row
 /// leased (workflow, receipt); a row with a key and nothing else for each
 /// key met without places; a row with `true` in the fifth column for each
 /// row locked with a place but not leased (see the take statements in
@@ -111,8 +118,12 @@ static TAKE_KEYED: Statement = Statement {
                WHERE c.key IS NULL
                   OR c.nth OPERATOR(pg_catalog.<=) (
                          SELECT CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.=) 0 THEN 1
-                                     ELSE pg_catalog.count(*) FILTER (WHERE p.receipt IS NULL
-                                                 OR p.receipt OPERATOR(pg_catalog.<=) $4) END
+                                     ELSE LEAST(pg_catalog.count(*) FILTER (WHERE (p.receipt IS NULL
+                                                    OR p.receipt OPERATOR(pg_catalog.<=) $4)
+                                                    AND p.place OPERATOR(pg_catalog.<=) $7),
+                                                CASE WHEN $8 THEN $7 OPERATOR(pg_catalog.-) pg_catalog.count(*)
+                                                                  FILTER (WHERE p.receipt OPERATOR(pg_catalog.>) $4)
+                                                     ELSE $7 END) END
                            FROM sturdy.queue_key_places p
                           WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key)
                ORDER BY c.ord
@@ -130,6 +141,7 @@ static TAKE_KEYED: Statement = Statement {
                   SELECT pg_catalog.array_agg(x.place ORDER BY x.place) AS places FROM (
                       SELECT p.place FROM sturdy.queue_key_places p
                        WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) k.key
+                         AND p.place OPERATOR(pg_catalog.<=) $7
                          AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
                        ORDER BY p.place
                        LIMIT k.n
@@ -172,6 +184,8 @@ static TAKE_KEYED: Statement = Statement {
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::INT8OID,
+        pg_sys::INT4OID,
+        pg_sys::BOOLOID,
     ],
     writes: true,
     generic: true,
@@ -216,6 +230,7 @@ static TAKE_KEYED_ONE: Statement = Statement {
           place AS MATERIALIZED (
               SELECT p.place FROM sturdy.queue_key_places p, cand c
                WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key
+                 AND p.place OPERATOR(pg_catalog.<=) $7
                  AND (p.receipt IS NULL OR p.receipt OPERATOR(pg_catalog.<=) $4)
                ORDER BY p.place
                LIMIT 1
@@ -253,19 +268,25 @@ static TAKE_KEYED_ONE: Statement = Statement {
         pg_sys::TIMESTAMPTZOID,
         pg_sys::TIMESTAMPTZOID,
         pg_sys::INT8OID,
+        pg_sys::INT4OID,
+        pg_sys::BOOLOID,
     ],
     writes: true,
     generic: true,
 };
 
 /// The places of keys met without any: `per_key` of the queue's limits
-/// for each of `$2`.
+/// for each of `$2`. The limits row is read `FOR SHARE`: a `limit_queue`
+/// under way (which updates it) is waited for and its `per_key` used, and
+/// one that starts meanwhile waits for this take, then sees its places and
+/// its passes.
 static MAKE_PLACES: Statement = Statement {
     sql: "INSERT INTO sturdy.queue_key_places (queue, key, place)
           SELECT $1, k, g
-            FROM pg_catalog.unnest($2::pg_catalog.text[]) k,
-                 pg_catalog.generate_series(1, (SELECT l.per_key FROM sturdy.queue_limits l
-                                                 WHERE l.queue OPERATOR(pg_catalog.=) $1)) g
+            FROM (SELECT l.per_key FROM sturdy.queue_limits l
+                   WHERE l.queue OPERATOR(pg_catalog.=) $1 FOR SHARE) l,
+                 pg_catalog.unnest($2::pg_catalog.text[]) k,
+                 pg_catalog.generate_series(1, l.per_key) g
           ON CONFLICT (queue, key, place) DO NOTHING",
     args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID],
     writes: true,
@@ -278,6 +299,9 @@ static MAKE_PLACES: Statement = Statement {
 /// it took, and as its oldest place the first ready row from `from` on,
 /// whatever its key (`take`'s floor stops there: rows passed over for their
 /// key are still to be taken).
+///
+/// `limit`: the per-key limit, and whether the queue settles; settling,
+/// each key's places held are counted, by the statements.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn take_from(
     call: &Args,
@@ -287,6 +311,7 @@ pub(super) fn take_from(
     from: Position,
     due: TimestampWithTimeZone,
     hand: Hand<'_>,
+    (per_key, settling): (i32, bool),
 ) -> Result<Taken> {
     let mut taken = Taken {
         rows: 0,
@@ -294,6 +319,7 @@ pub(super) fn take_from(
     };
     plan::begin_result(call);
     if max == 1
+        && !settling
         && let Some(taken) = lease_one(call, queue, lease, from, due, hand)?
     {
         return Ok(taken);
@@ -315,6 +341,8 @@ pub(super) fn take_from(
                 due.into(),
                 time_param(from.0).into(),
                 from.1.into(),
+                per_key.into(),
+                settling.into(),
             ],
             |r| {
                 let leased = leased(&r);

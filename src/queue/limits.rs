@@ -6,7 +6,9 @@
 //! invalidation, which `limit_queue`, `pause` and `resume` send with their
 //! transaction: so a queue without limits costs its takes one lookup in an
 //! empty map, and a change is seen by every take that starts after it
-//! commits (and by this backend's next statement).
+//! commits (and by this backend's next statement). What a backend keeps is
+//! read on a snapshot taken after it took in the invalidation, never on the
+//! caller's, which may be older than the change (see [`of`]).
 //!
 //! - Paused: a take hands out nothing (and leaves no idle mark: the queue is
 //!   not empty). `resume` sends `NOTIFY sturdy, '<queue>'` at commit.
@@ -24,6 +26,10 @@
 //!   `per_second` up to `burst`. A take locks the row (`FOR UPDATE`: takers of
 //!   one rate-limited queue go one at a time until each commits), refills it,
 //!   hands out at most the whole tokens in it, and takes out one per row.
+//!
+//! - Settling: after a change that left more passes running than a limit
+//!   allows (`setting.rs`), a take waits its turn on the limits row and
+//!   counts the places held ([`settle`]) until the queue has settled.
 //!
 //! A take over a limit hands out fewer rows, or none; never an error.
 //!
@@ -251,6 +257,10 @@ pub(super) struct Limits {
     pub(super) running: Option<i32>,
     pub(super) per_key: Option<i32>,
     pub(super) rate: Option<(f64, i32)>,
+    /// Passes that started under an earlier, higher limit may still hold
+    /// places past `running` or `per_key` (see [`limit_queue`]): takes count
+    /// the places held, one at a time, until none does.
+    pub(super) settling: bool,
 }
 
 type Known = (access::Mark, Rc<HashMap<Vec<u8>, Limits>>);
@@ -265,7 +275,7 @@ thread_local! {
 }
 
 static LOAD: Statement = Statement {
-    sql: "SELECT queue, paused, running, per_key, per_second, burst FROM sturdy.queue_limits",
+    sql: "SELECT queue, paused, running, per_key, per_second, burst, settling FROM sturdy.queue_limits",
     args: &[],
     writes: false,
     generic: false,
@@ -274,7 +284,7 @@ static LOAD: Statement = Statement {
 /// Under Citus: the one queue's limits, from its shard ([`LOAD`] would ask
 /// every shard), kept per queue under the same mark.
 static LOAD_ONE: Statement = Statement {
-    sql: "SELECT queue, paused, running, per_key, per_second, burst FROM sturdy.queue_limits
+    sql: "SELECT queue, paused, running, per_key, per_second, burst, settling FROM sturdy.queue_limits
            WHERE queue OPERATOR(pg_catalog.=) $1",
     args: &[pg_sys::TEXTOID],
     writes: false,
@@ -282,6 +292,12 @@ static LOAD_ONE: Statement = Statement {
 };
 
 /// The limits of `queue`, `None` for a queue without any.
+///
+/// What is kept under a mark was read on a snapshot taken after the mark:
+/// the caller's may be older than a change whose invalidation the mark took
+/// in (a repeatable-read transaction begun before it, or a statement begun
+/// before it committed), and what that snapshot saw would be kept under the
+/// new mark until the table's next change.
 pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
     let Some(mark) = LIMITS.mark() else {
         return Ok(None); // an older schema: no flow control
@@ -298,7 +314,7 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
     let all = match known {
         Some(all) => all,
         None => {
-            let all = Rc::new(plan::run_rows(&LOAD, &[], |r| {
+            let all = Rc::new(plan::run_at_latest(&LOAD, &[], |r| {
                 Ok((0..r.len())
                     .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), read_limits(&r, i)?)))
                     .collect::<HashMap<_, _>>())
@@ -323,6 +339,12 @@ fn one_by_one(queue: Name, mark: access::Mark) -> Result<Option<Limits>> {
         return Ok(limits);
     }
     let limits = plan::run_rows(&LOAD_ONE, &[queue.into()], |r| Ok(read_limits(&r, 0)))?;
+    // Citus runs the read on the shard's node, in this transaction's
+    // snapshot there: kept only where that snapshot is the statement's own
+    // (read committed), taken after the mark
+    if plan::on_transaction_snapshot() {
+        return Ok(limits);
+    }
     ONE_BY_ONE.with(|k| {
         let mut k = k.borrow_mut();
         match k.as_mut() {
@@ -343,6 +365,7 @@ fn read_limits(r: &plan::Rows, i: usize) -> Option<Limits> {
         running: r.get::<i32>(i, 3),
         per_key: r.get::<i32>(i, 4),
         rate: r.get::<f64>(i, 5).zip(r.get::<i32>(i, 6)),
+        settling: r.get::<bool>(i, 7).unwrap_or(false),
     })
 }
 
@@ -355,12 +378,20 @@ pub(super) struct Gate {
     places: Vec<i32>,
     held: Option<Held>,
     limits: Limits,
+    /// Nothing was ready: the take may mark the queue idle.
+    pub(super) nothing_ready: bool,
 }
 
 impl Gate {
     /// Whether the queue has a per-key limit (its takes go by `keyed`).
     pub(super) fn keyed(&self) -> bool {
         self.limits.per_key.is_some()
+    }
+
+    /// A per-key take's limit, and whether it counts the places each key
+    /// holds (the queue is settling).
+    pub(super) fn per_key(&self) -> (i32, bool) {
+        (self.limits.per_key.unwrap_or(0), self.limits.settling)
     }
 }
 
@@ -369,6 +400,11 @@ impl Gate {
 /// `tokens + elapsed * per_second`.) A take that waited for another's lock
 /// may have a `now()` before the refill it finds: it adds nothing and
 /// leaves the refill's time where it is, so no second is counted twice.
+/// A `now()` more than a minute before it is a clock that stepped
+/// back (a failover to a standby whose clock is behind): the refill's time
+/// moves back to it, so the bucket refills from then on instead of waiting
+/// for the clock to pass the old time; at most that minute's tokens (never
+/// above `burst`) come twice.
 static REFILL: Statement = Statement {
     sql: "UPDATE sturdy.queue_limits
              SET tokens = LEAST(burst::pg_catalog.float8,
@@ -377,7 +413,10 @@ static REFILL: Statement = Statement {
                                     pg_catalog.date_part('epoch', pg_catalog.now()
                                         OPERATOR(pg_catalog.-) COALESCE(refilled_at, pg_catalog.now())))
                                 OPERATOR(pg_catalog.*) per_second)),
-                 refilled_at = GREATEST(refilled_at, pg_catalog.now())
+                 refilled_at = CASE WHEN pg_catalog.now() OPERATOR(pg_catalog.<)
+                                         (refilled_at OPERATOR(pg_catalog.-) '1 minute'::pg_catalog.interval)
+                                    THEN pg_catalog.now()
+                                    ELSE GREATEST(refilled_at, pg_catalog.now()) END
            WHERE queue OPERATOR(pg_catalog.=) $1 AND per_second IS NOT NULL
           RETURNING pg_catalog.floor(tokens)::pg_catalog.int8",
     args: &[pg_sys::TEXTOID],
@@ -393,15 +432,16 @@ static SPEND: Statement = Statement {
     generic: false,
 };
 
-/// Up to `$2` free places, locked (others' locked ones skipped).
+/// Up to `$2` free places up to the limit `$3`, locked (others' locked ones
+/// skipped). (Places past the limit exist only while the queue settles.)
 static FREE_PLACES: Statement = Statement {
     sql: "SELECT place FROM sturdy.queue_places
-           WHERE queue OPERATOR(pg_catalog.=) $1
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND place OPERATOR(pg_catalog.<=) $3
              AND (receipt IS NULL OR receipt OPERATOR(pg_catalog.<=) pg_catalog.now())
            ORDER BY place
            LIMIT $2
              FOR UPDATE SKIP LOCKED",
-    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INT4OID],
     writes: true,
     generic: false,
 };
@@ -462,6 +502,118 @@ impl Limits {
     }
 }
 
+/// A settling queue's takes go one at a time: each locks the limits row,
+/// and what it counts next includes every pass the one before it took.
+static LOCK_LIMITS: Statement = Statement {
+    sql: "SELECT settling FROM sturdy.queue_limits WHERE queue OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// The running limit's places held now, and whether any past the limit
+/// `$2` is.
+static HELD_PLACES: Statement = Statement {
+    sql: "SELECT pg_catalog.count(*) FILTER (WHERE receipt OPERATOR(pg_catalog.>) pg_catalog.now()),
+                 COALESCE(pg_catalog.bool_or(place OPERATOR(pg_catalog.>) $2
+                                             AND receipt OPERATOR(pg_catalog.>) pg_catalog.now()), false)
+            FROM sturdy.queue_places WHERE queue OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
+    writes: false,
+    generic: false,
+};
+
+/// Whether a key's place past the limit `$2` is held now.
+static HELD_KEY_PLACES: Statement = Statement {
+    sql: "SELECT EXISTS (SELECT FROM sturdy.queue_key_places
+                          WHERE queue OPERATOR(pg_catalog.=) $1 AND place OPERATOR(pg_catalog.>) $2
+                            AND receipt OPERATOR(pg_catalog.>) pg_catalog.now())",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
+    writes: false,
+    generic: false,
+};
+
+/// The queue has settled: the places past its limits (`$2`, `$3`) go.
+static SETTLED: Statement = Statement {
+    sql: "WITH running AS (
+              DELETE FROM sturdy.queue_places
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND place OPERATOR(pg_catalog.>) COALESCE($2, 0)),
+          keyed AS (
+              DELETE FROM sturdy.queue_key_places
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND place OPERATOR(pg_catalog.>) COALESCE($3, 0))
+          UPDATE sturdy.queue_limits SET settling = false WHERE queue OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID, pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+/// Ready rows of `queue`, up to `$2`: a batch take of a limited queue locks
+/// no more places than there are rows to hold them (the locks of the
+/// others would hold every other taker back until this one commits). The
+/// scan passes over the leased rows, no more than the running limit.
+static READY_UP_TO: Statement = Statement {
+    sql: "SELECT pg_catalog.count(*) FROM (
+              SELECT FROM sturdy.queue q
+               WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                 AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now())
+               LIMIT $2) r",
+    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+    writes: false,
+    generic: false,
+};
+
+/// A settling queue (see [`limit_queue`]): the take waits its turn (the
+/// limits row's lock), then counts the places held. Where none past a
+/// limit is held any more, the queue has settled: the places past the
+/// limits go, and this and every later take go by the places alone.
+/// Otherwise this take may hand out only what the running limit leaves
+/// over the places held, and a per-key take counts each key's (`keyed`).
+fn settle(queue: Name, gate: &mut Gate) -> Result<()> {
+    let limits = gate.limits;
+    if !run_one(&LOCK_LIMITS, &[queue.into()], first_value::<bool>)?.unwrap_or(false) {
+        // settled by the take before this one
+        gate.limits.settling = false;
+        return Ok(());
+    }
+    let opt_i32 = |v: Option<i32>| v.map_or_else(plan::null::<i32>, Into::into);
+    let (held, running_over) = match limits.running {
+        Some(running) => plan::run_at_latest(&HELD_PLACES, &[queue.into(), running.into()], |r| {
+            Ok((
+                r.get::<i64>(0, 1).unwrap_or(0),
+                r.get::<bool>(0, 2).unwrap_or(true),
+            ))
+        })?,
+        None => (0, false),
+    };
+    let key_over = match limits.per_key {
+        Some(per_key) => {
+            plan::run_at_latest(&HELD_KEY_PLACES, &[queue.into(), per_key.into()], |r| {
+                Ok(r.get::<bool>(0, 1).unwrap_or(true))
+            })?
+        }
+        None => false,
+    };
+    if !running_over && !key_over {
+        run_one(
+            &SETTLED,
+            &[
+                queue.into(),
+                opt_i32(limits.running),
+                opt_i32(limits.per_key),
+            ],
+            |_| Ok(()),
+        )?;
+        changed();
+        gate.limits.settling = false;
+        return Ok(());
+    }
+    if let Some(running) = limits.running {
+        let left = usize::try_from(i64::from(running) - held).unwrap_or(0);
+        gate.allowed = gate.allowed.min(left);
+    }
+    Ok(())
+}
+
 /// The gate of a take of up to `max` rows of `queue`, which has `limits`.
 pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
     let mut gate = Gate {
@@ -469,12 +621,27 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
         places: Vec::new(),
         held: None,
         limits,
+        nothing_ready: false,
     };
+    if gate.allowed > 0 && limits.settling {
+        settle(queue, &mut gate)?;
+    }
     if gate.allowed > 0 && limits.rate.is_some() {
         let tokens = run_one(&REFILL, &[queue.into()], first_value::<i64>)?.unwrap_or(0);
         gate.allowed = gate.allowed.min(usize::try_from(tokens).unwrap_or(0));
     }
+    if gate.allowed > 1 && limits.running.is_some() {
+        let ready = run_one(
+            &READY_UP_TO,
+            &[queue.into(), (gate.allowed as i64).into()],
+            first_value::<i64>,
+        )?
+        .unwrap_or(0);
+        gate.allowed = gate.allowed.min(usize::try_from(ready).unwrap_or(0));
+        gate.nothing_ready = ready == 0;
+    }
     if gate.allowed == 1
+        && !gate.limits.settling
         && limits.running.is_some()
         && let Some(q) = queue.into_datum()
         && let Some(place) = lock_place(
@@ -499,10 +666,12 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
             }
             Place::NoneFree | Place::NoRows => gate.allowed = 0,
         }
-    } else if gate.allowed > 0 && limits.running.is_some() {
+    } else if gate.allowed > 0
+        && let Some(running) = limits.running
+    {
         gate.places = plan::run_rows(
             &FREE_PLACES,
-            &[queue.into(), (gate.allowed as i64).into()],
+            &[queue.into(), (gate.allowed as i64).into(), running.into()],
             |r| Ok((0..r.len()).filter_map(|i| r.get::<i32>(i, 1)).collect()),
         )?;
         gate.allowed = gate.allowed.min(gate.places.len());
@@ -623,194 +792,9 @@ pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Res
     Ok(())
 }
 
-/// Set the queue's limits row: `$2..$5`; the bucket starts full when the
-/// rate changes. No row is left for a queue with no limit and not paused.
-static SET_LIMITS: Statement = Statement {
-    sql: "INSERT INTO sturdy.queue_limits AS l (queue, running, per_second, burst, tokens, refilled_at, per_key)
-          VALUES ($1, $2, $3, $4, $4, pg_catalog.now(), $5)
-          ON CONFLICT (queue) DO UPDATE
-             SET running = EXCLUDED.running, per_second = EXCLUDED.per_second, burst = EXCLUDED.burst,
-                 per_key = EXCLUDED.per_key,
-                 tokens = CASE WHEN COALESCE(l.per_second, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.per_second, 0)
-                                AND COALESCE(l.burst, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.burst, 0)
-                               THEN l.tokens ELSE EXCLUDED.tokens END,
-                 refilled_at = CASE WHEN COALESCE(l.per_second, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.per_second, 0)
-                                     AND COALESCE(l.burst, 0) OPERATOR(pg_catalog.=) COALESCE(EXCLUDED.burst, 0)
-                                    THEN l.refilled_at ELSE EXCLUDED.refilled_at END",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::INT4OID,
-        pg_sys::FLOAT8OID,
-        pg_sys::INT4OID,
-        pg_sys::INT4OID,
-    ],
-    writes: true,
-    generic: false,
-};
-
-/// The places of `per_key` (`$2`, NULL: none) for each key the queue has
-/// places for or rows of: those past it go, missing ones come.
-static SET_KEY_PLACES: Statement = Statement {
-    sql: "WITH gone AS (
-              DELETE FROM sturdy.queue_key_places
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND (place OPERATOR(pg_catalog.>) $2 OR $2 IS NULL))
-          INSERT INTO sturdy.queue_key_places (queue, key, place)
-          SELECT $1, k.key, g
-            FROM (SELECT key FROM sturdy.queue
-                   WHERE queue OPERATOR(pg_catalog.=) $1 AND key IS NOT NULL
-                  UNION
-                  SELECT key FROM sturdy.queue_key_places
-                   WHERE queue OPERATOR(pg_catalog.=) $1) k,
-                 pg_catalog.generate_series(1, COALESCE($2, 0)) g
-          ON CONFLICT (queue, key, place) DO NOTHING",
-    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
-    writes: true,
-    generic: false,
-};
-
-/// The places of `running` (`$2`, NULL: none): those past it go, missing
-/// ones come.
-static SET_PLACES: Statement = Statement {
-    sql: "WITH gone AS (
-              DELETE FROM sturdy.queue_places
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND (place OPERATOR(pg_catalog.>) $2 OR $2 IS NULL))
-          INSERT INTO sturdy.queue_places (queue, place)
-          SELECT $1, g FROM pg_catalog.generate_series(1, COALESCE($2, 0)) g
-          ON CONFLICT (queue, place) DO NOTHING",
-    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
-    writes: true,
-    generic: false,
-};
-
-/// A limits row with nothing in it goes.
-static DROP_EMPTY: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue_limits
-           WHERE queue OPERATOR(pg_catalog.=) $1 AND NOT paused AND running IS NULL AND per_key IS NULL
-             AND per_second IS NULL",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-/// Whether it was not paused before.
-static PAUSE: Statement = Statement {
-    sql: "INSERT INTO sturdy.queue_limits AS l (queue, paused) VALUES ($1, true)
-          ON CONFLICT (queue) DO UPDATE SET paused = true WHERE NOT l.paused
-          RETURNING true",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-/// Whether it was paused before.
-static RESUME: Statement = Statement {
-    sql: "UPDATE sturdy.queue_limits SET paused = false
-           WHERE queue OPERATOR(pg_catalog.=) $1 AND paused
-          RETURNING true",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-static NOTIFY_RESUMED: Statement = Statement {
-    sql: "SELECT pg_catalog.pg_notify('sturdy', $1)",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
 /// What this backend keeps goes with the change (the other backends drop
 /// theirs when it commits).
-fn changed() {
+pub(super) fn changed() {
     LIMITS.invalidate();
     KNOWN.with(|k| *k.borrow_mut() = None);
-}
-
-#[sql_function(
-    "sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL,
-                        per_second float8 DEFAULT NULL, burst integer DEFAULT NULL)
-     RETURNS void VOLATILE PARALLEL UNSAFE",
-    comment = "Set the queue's limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_key: at most this many leased at once for one key (schedule's key; rows without one are not limited by it); per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second's worth). A take over a limit hands out fewer rows, never an error."
-)]
-fn limit_queue(
-    queue: Option<Text>,
-    running: Option<i32>,
-    per_key: Option<i32>,
-    per_second: Option<f64>,
-    burst: Option<i32>,
-) -> Result<()> {
-    let queue = args::name("queue", queue)?;
-    let running = running
-        .map(|n| args::positive("running", Some(n)))
-        .transpose()?;
-    let per_key = per_key
-        .map(|n| args::positive("per_key", Some(n)))
-        .transpose()?;
-    if let Some(rate) = per_second
-        && !(rate.is_finite() && rate > 0.0)
-    {
-        return Err(Error::Invalid {
-            arg: "per_second",
-            why: format!("must be a finite number above zero, got {rate}"),
-            hint: "Pass takes per second on average, e.g. 200 (or 0.5 for one every two seconds).",
-        });
-    }
-    let burst = match (per_second, burst) {
-        (None, Some(_)) => {
-            return Err(Error::Invalid {
-                arg: "burst",
-                why: "is the rate limit's bucket and needs per_second".into(),
-                hint: "Pass per_second with burst, or neither.",
-            });
-        }
-        (Some(_), Some(b)) => Some(args::positive("burst", Some(b))?),
-        // one second's worth, at least one take
-        (Some(rate), None) => Some(rate.ceil().clamp(1.0, f64::from(i32::MAX)) as i32),
-        (None, None) => None,
-    };
-    let opt_i32 = |v: Option<i32>| v.map_or_else(plan::null::<i32>, Into::into);
-    run_one(
-        &SET_LIMITS,
-        &[
-            queue.into(),
-            opt_i32(running),
-            per_second.map_or_else(plan::null::<f64>, Into::into),
-            opt_i32(burst),
-            opt_i32(per_key),
-        ],
-        |_| Ok(()),
-    )?;
-    run_one(&SET_PLACES, &[queue.into(), opt_i32(running)], |_| Ok(()))?;
-    run_one(&SET_KEY_PLACES, &[queue.into(), opt_i32(per_key)], |_| {
-        Ok(())
-    })?;
-    run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
-    changed();
-    Ok(())
-}
-
-#[sql_function(
-    "sturdy.pause(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "Pause the queue: take hands out nothing from it until resume; schedules, wakeups and done go on. False when it was paused already."
-)]
-fn pause(queue: Option<Text>) -> Result<bool> {
-    let queue = args::name("queue", queue)?;
-    let paused_now = run_one(&PAUSE, &[queue.into()], first_value::<bool>)?;
-    changed();
-    Ok(paused_now.unwrap_or(false))
-}
-
-#[sql_function(
-    "sturdy.resume(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "Resume a paused queue, and wake its listening workers at commit. False when it was not paused."
-)]
-fn resume(queue: Option<Text>) -> Result<bool> {
-    let queue = args::name("queue", queue)?;
-    let was = run_one(&RESUME, &[queue.into()], first_value::<bool>)?.unwrap_or(false);
-    run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
-    changed();
-    if was {
-        run_one(&NOTIFY_RESUMED, &[queue.into()], |_| Ok(()))?;
-    }
-    Ok(was)
 }

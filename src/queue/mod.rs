@@ -65,6 +65,7 @@ mod limits;
 mod priority;
 mod schedule;
 mod schema;
+mod setting;
 mod sql;
 mod take;
 mod wakeups;

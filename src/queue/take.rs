@@ -328,8 +328,13 @@ pub(crate) fn take(
     };
     let max = gate.as_ref().map_or(max, |g| g.allowed as i32);
     if max == 0 {
-        // held back: the queue is not empty, so no idle mark
+        // held back: the queue is not empty, so no idle mark (unless the
+        // gate found nothing ready)
         plan::begin_result(call);
+        if wake && gate.as_ref().is_some_and(|g| g.nothing_ready) {
+            run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+            idle::bump();
+        }
         return Ok(());
     }
     let kept = RefCell::new(Vec::new());
@@ -380,7 +385,8 @@ pub(crate) fn take(
         .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
     let take = |left: usize, from: Position, due: TimestampWithTimeZone| {
         if keyed {
-            return keyed::take_from(call, queue, lease, left, from, due, hand);
+            let limit = gate.as_ref().map_or((0, false), |g| g.per_key());
+            return keyed::take_from(call, queue, lease, left, from, due, hand, limit);
         }
         take_from(
             call,
