@@ -97,11 +97,21 @@ def tables(c):
     """Every row of the tables the fast path writes, every column (the
     users' own included), in key order; `seq` as its rank (a statement's
     `nextval` runs before it finds a row to update, the fast path's only
-    when it inserts: gaps differ, order does not)."""
+    when it inserts: gaps differ, order does not). The places by what holds
+    them, each with whether it is within its limit, not by number: a
+    one-row take looks first from the place its backend held last (after a
+    limit's change too, where the places were made anew), a statement from
+    the first, so which free place a pass gets may differ, not what holds
+    places nor how many there are."""
     out = {}
+    within = {"queue_places": "(SELECT l.running FROM sturdy.queue_limits l WHERE l.queue = t.queue)",
+              "queue_key_places": "(SELECT l.per_key FROM sturdy.queue_limits l WHERE l.queue = t.queue)"}
     for table, order in [("queue", "queue, workflow"), ("claims", "workflow"), ("checkpoints", "workflow, step"),
-                         ("queue_places", "queue, place"), ("queue_key_places", "queue, key, place")]:
+                         ("queue_places", "queue, workflow, receipt"),
+                         ("queue_key_places", "queue, key, workflow, receipt")]:
         rank = " || jsonb_build_object('seq', dense_rank() OVER (ORDER BY seq))" if table == "queue" else ""
+        if table in within:
+            rank = (f" - 'place' || jsonb_build_object('within', t.place <= {within[table]})")
         rows = c.execute(f"SELECT to_jsonb(t){rank} FROM sturdy.{table} t ORDER BY {order}").fetchall()
         out[table] = [normal(r[0]) for r in rows]
     return out
@@ -187,6 +197,15 @@ LIMITED = [
     S("lbd", "SELECT sturdy.done_many(array[%s], array[%s::timestamptz], 'lq')",
       lambda r: (first("lb", 0)(r), first("lb", 1)(r))),
     take1("lt7", "lq"),
+    # limits changed under passes in flight: lowered (the queues settle:
+    # their takes count the places held, by the statements), then raised
+    # again (the passes keep their places)
+    ("admin", ["SELECT sturdy.limit_queue('lq', running => 1)", "SELECT sturdy.limit_queue('kq', per_key => 2)"]),
+    take1("lt8", "lq"), took("lt7", "lq"), take1("lt9", "lq"), took("lt6", "lq"), take1("lt10", "lq"),
+    take1("kt8", "kq"), take1("kt9", "kq"),
+    ("admin", ["SELECT sturdy.limit_queue('lq', running => 3)", "SELECT sturdy.limit_queue('kq', per_key => 1)"]),
+    take1("lt11", "lq"), took("lt10", "lq"), take1("lt12", "lq"),
+    take1("kt10", "kq"), took("kt8", "kq"), took("kt9", "kq"), take1("kt11", "kq"),
 ]
 
 

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from sturdy import Worker, connect, start_and_join
+from sturdy import Worker, connect, start_and_join, wait_notifies
 
 Q = "lch"
 # a sample's transaction may start before the change it sees was noted as
@@ -374,4 +374,24 @@ def test_a_clock_stepped_back_refills_the_bucket_from_then_on():
                          (Q,)).fetchone()[0]
         time.sleep(0.2)
         assert takes_now(c) == 1
+        c.execute("SELECT sturdy.limit_queue(%s)", (Q,))
+
+
+@pytest.mark.parametrize("limit", ["running", "per_key"])
+def test_a_take_held_back_by_a_full_limit_is_woken_when_a_place_frees(limit):
+    """A worker whose take found no free place sleeps on LISTEN; it used to
+    be woken by nothing but its poll interval (a held-back take left no
+    mark). Now the take leaves the mark, and the pass's done that frees a
+    place notifies it at commit, once."""
+    with connect() as c, connect() as listener:
+        fresh(c, rows=3, key="k")
+        c.execute(f"SELECT sturdy.limit_queue(%s, {limit} => 1)", (Q,))
+        (w, r), = hold(c, 1)
+        listener.execute("LISTEN sturdy")
+        assert takes_now(listener) == 0
+        assert listener.execute("SELECT count(*) FROM sturdy.take(%s)", (Q,)).fetchone()[0] == 0
+        assert wait_notifies(listener, 0.3) == []
+        assert c.execute("SELECT sturdy.done(%s, %s, %s)", (w, r, Q)).fetchone()[0]
+        assert wait_notifies(listener, 2.0) == [("sturdy", Q)]
+        assert listener.execute("SELECT count(*) FROM sturdy.take(%s)", (Q,)).fetchone()[0] == 1
         c.execute("SELECT sturdy.limit_queue(%s)", (Q,))

@@ -265,7 +265,7 @@ CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_limit_queue';
 COMMENT ON FUNCTION sturdy.limit_queue(queue text, running integer, per_key integer, per_second float8, burst integer) IS
-    'Set the queue''s limits; a NULL clears that limit. running: at most this many of its rows leased at once; per_key: at most this many leased at once for one key (schedule''s key; rows without one are not limited by it); per_second with burst: at most burst takes at once and per_second on average (burst defaults to one second''s worth). A take over a limit hands out fewer rows, never an error.';
+    'Set the queue''s limits; a NULL clears that limit. running (at most 10000): at most this many of its rows leased at once; per_key (at most 1000): at most this many leased at once for one key (schedule''s key; rows without one are not limited by it); per_second (at most 1000000) with burst (at most 1000000): at most burst takes at once and per_second on average (burst defaults to one second''s worth). Passes already running count against a new limit until they end. A take over a limit hands out fewer rows, never an error.';
 CREATE FUNCTION sturdy.pause(queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_pause';

@@ -238,8 +238,25 @@ fn finish(
     let queue = args::name("queue", queue)?;
     // the pass's places freed while its row is there (its key finds them);
     // a stale token's error below undoes it with the rest
-    queue::ended(queue, workflow, receipt)?;
+    let limited = queue::ended(queue, workflow, receipt)?;
+    let removed = finish_ended(workflow, token, receipt, step, value, to, queue, error)?;
+    // last: the place freed wakes a take it held back
+    queue::freed(queue, limited)?;
+    Ok(removed)
+}
 
+/// `finish`'s work once the pass's places are freed.
+#[allow(clippy::too_many_arguments)]
+fn finish_ended(
+    workflow: Name,
+    token: i64,
+    receipt: TimestampWithTimeZone,
+    step: Option<Name>,
+    value: Option<Jsonb>,
+    to: Option<&'static str>,
+    queue: Name,
+    error: Option<Text>,
+) -> Result<bool> {
     if to.is_none()
         && let Some((current, removed)) =
             finish_here(workflow, token, receipt, step.zip(value), queue)?

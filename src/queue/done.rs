@@ -45,8 +45,10 @@ pub(super) fn done(
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
     // (first: the row's key finds its place)
-    limits::ended(queue, workflow, receipt)?;
-    remove(workflow, receipt, queue)
+    let limited = limits::ended(queue, workflow, receipt)?;
+    let removed = remove(workflow, receipt, queue)?;
+    limits::freed(queue, limited)?;
+    Ok(removed)
 }
 
 /// `done`'s removal of the row: whether it went (`finish` in steps under
@@ -146,8 +148,10 @@ pub(super) fn done_many(
         return Ok(0);
     }
     // (first: the rows' keys find their places)
-    limits::ended_many(queue, workflows, receipts)?;
-    remove_many(workflows, receipts, queue, pairs)
+    let limited = limits::ended_many(queue, workflows, receipts)?;
+    let removed = remove_many(workflows, receipts, queue, pairs)?;
+    limits::freed(queue, limited)?;
+    Ok(removed)
 }
 
 /// `done_many`'s removal of the `pairs` rows.

@@ -371,6 +371,12 @@ pub(super) fn take_from(
     Ok(taken)
 }
 
+/// The most keys a one-row take remembers as full during its scan (a
+/// linear look-up: the keys a scan meets full before it finds a row are
+/// few, unless many keys are full at once, where a look-up per row is what
+/// it costs past these).
+const FULL_KEPT: usize = 64;
+
 /// [`TAKE_KEYED_ONE`]'s work without a statement (see `access`): the first
 /// due row from `from` on whose key has a free place (or that has no key),
 /// leased as a one-row take of a queue without limits leases it, the place
@@ -398,6 +404,10 @@ fn lease_one(
     // row without one); the first row passed over for its key; whether a
     // key without places stopped the scan
     let mut held: Option<(Vec<u8>, limits::Held)> = None;
+    // keys found full in this scan: their other rows are passed over
+    // without looking for a place again (a full key with a long backlog
+    // would cost a place lookup per row)
+    let mut full: Vec<Vec<u8>> = Vec::new();
     let mut admitted: Option<Option<Vec<u8>>> = None;
     let mut passed: Option<Position> = None;
     let mut placeless = false;
@@ -412,6 +422,10 @@ fn lease_one(
             admitted = Some(Some(key.bytes().to_vec()));
             return Ok(access::Admit::Lease);
         }
+        if full.iter().any(|k| k == key.bytes()) {
+            passed = Some(passed.map_or(place, |p| p.min(place)));
+            return Ok(access::Admit::PassOver);
+        }
         let Some(k) = key.into_datum() else {
             placeless = true;
             return Ok(access::Admit::Stop);
@@ -424,6 +438,9 @@ fn lease_one(
             }
             Some(limits::Place::NoneFree) => {
                 passed = Some(passed.map_or(place, |p| p.min(place)));
+                if full.len() < FULL_KEPT {
+                    full.push(key.bytes().to_vec());
+                }
                 Ok(access::Admit::PassOver)
             }
             Some(limits::Place::NoRows) | None => {

@@ -314,6 +314,9 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
     let all = match known {
         Some(all) => all,
         None => {
+            // the places a backend looked from first are of the limits
+            // before the change (`limit_queue` makes them anew)
+            LAST_PLACE.with(|l| l.borrow_mut().clear());
             let all = Rc::new(plan::run_at_latest(&LOAD, &[], |r| {
                 Ok((0..r.len())
                     .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), read_limits(&r, i)?)))
@@ -380,6 +383,9 @@ pub(super) struct Gate {
     limits: Limits,
     /// Nothing was ready: the take may mark the queue idle.
     pub(super) nothing_ready: bool,
+    /// No place was free (running): the take may mark the queue waited on,
+    /// for the pass's end that frees one to wake it.
+    pub(super) no_place: bool,
 }
 
 impl Gate {
@@ -622,6 +628,7 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
         held: None,
         limits,
         nothing_ready: false,
+        no_place: false,
     };
     if gate.allowed > 0 && limits.settling {
         settle(queue, &mut gate)?;
@@ -664,7 +671,10 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
                 }
                 gate.held = Some(held);
             }
-            Place::NoneFree | Place::NoRows => gate.allowed = 0,
+            Place::NoneFree | Place::NoRows => {
+                gate.allowed = 0;
+                gate.no_place = true;
+            }
         }
     } else if gate.allowed > 0
         && let Some(running) = limits.running
@@ -675,6 +685,11 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
             |r| Ok((0..r.len()).filter_map(|i| r.get::<i32>(i, 1)).collect()),
         )?;
         gate.allowed = gate.allowed.min(gate.places.len());
+        gate.no_place = gate.places.is_empty();
+    }
+    if gate.limits.settling && limits.running.is_some() && gate.allowed == 0 && !limits.paused {
+        // held back by the passes still running from before the change
+        gate.no_place = true;
     }
     Ok(gate)
 }
@@ -760,15 +775,16 @@ pub(super) fn ended_many(
     queue: Name,
     workflows: TextArray,
     receipts: TimestampArray,
-) -> Result<()> {
-    for held in of(queue)?.iter().flat_map(Limits::held) {
+) -> Result<bool> {
+    let limits = of(queue)?;
+    for held in limits.iter().flat_map(Limits::held) {
         run_one(
             &FREE_PLACES_OF[held],
             &[queue.into(), workflows.into(), receipts.into()],
             |_| Ok(()),
         )?;
     }
-    Ok(())
+    Ok(limits.is_some_and(|l| l.held().next().is_some()))
 }
 
 /// A pass of `workflow` with `receipt` ends (`done`, `finish`, `wake_at`):
@@ -778,8 +794,11 @@ pub(super) fn ended_many(
 /// (its take ran elsewhere). A row gone, or given another key since the
 /// take, leaves its place to be freed when the receipt passes: the limit
 /// holds one place fewer for the key meanwhile, never one more.
-pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<()> {
-    for held in of(queue)?.iter().flat_map(Limits::held) {
+/// Whether the queue has a running or per-key limit, for [`freed`], which
+/// the caller calls last.
+pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<bool> {
+    let limits = of(queue)?;
+    for held in limits.iter().flat_map(Limits::held) {
         if free_placed(held, queue, workflow, receipt.into())? {
             continue;
         }
@@ -788,6 +807,22 @@ pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Res
             &[queue.into(), workflow.into(), receipt.into()],
             |_| Ok(()),
         )?;
+    }
+    Ok(limits.is_some_and(|l| l.held().next().is_some()))
+}
+
+/// After a pass's end has freed its places and removed or moved its row:
+/// where the queue has a running or per-key limit, wake the workers a take
+/// held back left waiting (its idle mark), as a schedule of a ready row
+/// does, so a worker asleep on `LISTEN` takes again when a place frees, not
+/// at its poll interval. Last, holding the mark's row to the commit: a take
+/// that marks the queue waits for that row, and may hold the lock of the
+/// pass's row (a row it locked, found leased since, and kept locked), which
+/// the pass's end would otherwise still wait for.
+/// `limited`: what [`ended`] (or [`ended_many`]) answered.
+pub fn freed(queue: Name, limited: bool) -> Result<()> {
+    if limited {
+        wake_if_waited(queue)?;
     }
     Ok(())
 }

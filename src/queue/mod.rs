@@ -80,7 +80,7 @@ mod tests {
 pub(crate) use done::{Removal, remove as remove_done};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
-pub(crate) use limits::ended;
+pub(crate) use limits::{ended, freed};
 pub use schedule::schedule_at;
 use sql::*;
 use take::*;

@@ -185,6 +185,7 @@ fn wake_at(
         wake(queue)?;
     }
     // the pass ends here, whether or not its receipt still held the row
-    limits::ended(queue, workflow, receipt)?;
+    let limited = limits::ended(queue, workflow, receipt)?;
+    limits::freed(queue, limited)?;
     Ok(moved.is_some())
 }

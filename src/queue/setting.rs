@@ -63,10 +63,13 @@ static LOCK_PLACES: [Statement; 2] = [
 ];
 
 /// The queue's passes in flight: its leased rows (workflow, receipt, key),
-/// read on a snapshot of now (see [`limit_queue`]).
+/// read on a snapshot of now (see [`limit_queue`]); the latest receipt
+/// first, for the first places: the places past a lowered limit then
+/// hold the passes that end first, and the queue settles soonest.
 static IN_FLIGHT: Statement = Statement {
     sql: "SELECT workflow, leased_until, key FROM sturdy.queue
-           WHERE queue OPERATOR(pg_catalog.=) $1 AND leased_until OPERATOR(pg_catalog.>) pg_catalog.now()",
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND leased_until OPERATOR(pg_catalog.>) pg_catalog.now()
+           ORDER BY leased_until DESC, workflow",
     args: &[pg_sys::TEXTOID],
     writes: false,
     generic: false,
@@ -113,7 +116,7 @@ static MAKE_KEY_PLACES: Statement = Statement {
     sql: "WITH passes AS (
               SELECT p.workflow, p.receipt, p.key COLLATE \"C\" AS key,
                      pg_catalog.row_number() OVER (PARTITION BY p.key COLLATE \"C\"
-                                                   ORDER BY p.receipt, p.workflow) AS n
+                                                   ORDER BY p.receipt DESC, p.workflow) AS n
                 FROM ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($4), pg_catalog.unnest($5))
                      AS p(workflow, receipt, key)
                WHERE p.key IS NOT NULL),

@@ -328,10 +328,13 @@ pub(crate) fn take(
     };
     let max = gate.as_ref().map_or(max, |g| g.allowed as i32);
     if max == 0 {
-        // held back: the queue is not empty, so no idle mark (unless the
-        // gate found nothing ready)
+        // held back. Paused or out of tokens: no idle mark (the queue is
+        // not empty, and no event ends either: a pause's resume notifies,
+        // a bucket refills by the clock). No free place, or nothing ready:
+        // the mark, which a pass's end that frees a place (`limits::ended`)
+        // or a schedule answers.
         plan::begin_result(call);
-        if wake && gate.as_ref().is_some_and(|g| g.nothing_ready) {
+        if wake && gate.as_ref().is_some_and(|g| g.nothing_ready || g.no_place) {
             run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
             idle::bump();
         }
