@@ -108,6 +108,11 @@ pub fn positive(arg: &'static str, v: Option<i32>) -> Result<i32> {
     }
 }
 
+/// The most rows one call of `take`, `done_many` or `pump` handles: a batch
+/// past it holds more row locks, and a longer transaction, than a worker's
+/// batch should; call again for more.
+pub const MAX_BATCH: i32 = 10_000;
+
 /// `v` (already checked positive) no larger than `max`, a documented
 /// maximum of an argument that sizes work: past it a clear error, never a
 /// statement that runs until it is cancelled.

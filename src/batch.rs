@@ -62,8 +62,19 @@ use crate::plan::{self, Rows, Statement, first_value, run_one};
 /// The alias the chunk's `UPDATE` gives the target; `pending` must not name
 /// it (it is placed where the alias is not in scope too).
 const ALIAS: &str = "sturdy_batch_row";
-/// The largest chunk a tick will size to.
+/// The largest chunk: the most a tick sizes one to, and the most a caller
+/// may ask for (a chunk is one `UPDATE` in the caller's transaction).
 const MAX_CHUNK: i64 = 1_000_000;
+
+/// `chunk` checked: positive, and at most [`MAX_CHUNK`].
+fn chunk_size(chunk: Option<i32>) -> Result<i32> {
+    args::at_most(
+        "chunk",
+        args::positive("chunk", chunk)?,
+        MAX_CHUNK as i32,
+        "Pass a chunk of at most 1000000 rows (1000 is a good start); batch_tick sizes later ones itself.",
+    )
+}
 
 /// One batch's definition, checked.
 struct Spec {
@@ -590,7 +601,7 @@ fn batch(
     order_by: Option<Text>,
 ) -> Result<()> {
     let spec = spec(target, set_clause, pending, args, key, order_by)?;
-    let chunk = args::positive("chunk", chunk)?;
+    let chunk = chunk_size(chunk)?;
     let name = spec.anonymous_name();
     let state_args = spec.columns(name.clone().into(), chunk, None);
     let state_args = &state_args[..8];
@@ -647,7 +658,7 @@ fn batch_start(
 ) -> Result<()> {
     let name = args::name("name", name)?;
     let spec = spec(target, set_clause, pending, args, key, order_by)?;
-    let chunk = args::positive("chunk", chunk)?;
+    let chunk = chunk_size(chunk)?;
     if let Some(t) = target_seconds
         && !(t > 0.0 && t.is_finite())
     {

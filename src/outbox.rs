@@ -664,7 +664,12 @@ fn due_heads(max: i32) -> Result<Vec<Due>> {
     comment = "Deliver up to max due deliveries (SKIP LOCKED: pumps share the work), each subscriber in its own subtransaction, with the caller's rights and search_path. A failure rolls back that subscriber's effects, keeps the error and its SQLSTATE, and retries after 2^attempt seconds, or marks the delivery dead at max_attempts. Per aggregate_id and subscriber, in emit order."
 )]
 fn pump(call: &Args, max: Option<i32>) -> Result<()> {
-    let max = args::positive("max", max)?;
+    let max = args::at_most(
+        "max",
+        args::positive("max", max)?,
+        args::MAX_BATCH,
+        "Pump at most 10000 deliveries a call, and call again for more.",
+    )?;
     let heads = due_heads(max)?;
     if heads.is_empty() {
         run_one(&MARK_IDLE, &[], |_| Ok(()))?;

@@ -10,6 +10,10 @@ use crate::error::Result;
 use crate::fmgr::Args;
 use crate::{args, plan, queue, workflow};
 
+/// The most rows of each kind one `sweep` deletes: a batch is meant to stay
+/// short beside the workers; a backlog takes more calls.
+const MAX_SWEEP: i32 = 100_000;
+
 /// Returns its rows through the call.
 #[sql_function(
     "sturdy.sweep(older_than interval DEFAULT '7 days', max integer DEFAULT 1000)
@@ -18,7 +22,12 @@ use crate::{args, plan, queue, workflow};
 )]
 fn sweep(call: &Args, older_than: Option<Interval>, max: Option<i32>) -> Result<()> {
     let older_than = args::lease("older_than", older_than)?;
-    let max = args::positive("max", max)?;
+    let max = args::at_most(
+        "max",
+        args::positive("max", max)?,
+        MAX_SWEEP,
+        "Sweep at most 100000 rows of each kind a call, and call again (pg_cron) until the counts are zero.",
+    )?;
     let mut kinds = workflow::sweep_batch(older_than, max)?.to_vec();
     kinds.push(("key_places", queue::sweep_key_places(max)?));
     kinds.push(("samples", trim_samples(older_than, max)?));

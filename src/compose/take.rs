@@ -33,7 +33,12 @@ fn take(
 ) -> Result<()> {
     let queue = args::name("queue", queue)?;
     let lease = args::lease("lease", lease)?;
-    let max = args::positive("max", max)?;
+    let max = args::at_most(
+        "max",
+        args::positive("max", max)?,
+        args::MAX_BATCH,
+        "Take at most 10000 rows a call (100 makes a good batch), and call again for more.",
+    )?;
     let claim = args::required("claim", claim)?;
     // (0.1.0's take has no `wake`: served until ALTER EXTENSION UPDATE)
     let wake = if call.given(4) {

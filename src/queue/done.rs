@@ -144,6 +144,13 @@ pub(super) fn done_many(
         }
     }
     let pairs = workflows.elements().unwrap_or(0) as i64;
+    if pairs > i64::from(args::MAX_BATCH) {
+        return Err(Error::Invalid {
+            arg: "workflows",
+            why: format!("has {pairs} elements, more than {}", args::MAX_BATCH),
+            hint: "Pass at most 10000 workflows a call (as many as a take hands out), and call again for more.",
+        });
+    }
     if pairs == 0 {
         return Ok(0);
     }

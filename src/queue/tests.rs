@@ -1496,6 +1496,11 @@ fn flow_control_refuses_bad_limits_and_writes_nothing() {
         ("SELECT sturdy.limit_queue('q', per_second => 10, burst => 0)", "22023"),
         ("SELECT sturdy.limit_queue('q', per_key => 0)", "22023"),
         ("SELECT sturdy.limit_queue('q', running => 3, per_key => -2)", "22023"),
+        ("SELECT sturdy.limit_queue('q', running => 10001)", "22023"),
+        ("SELECT sturdy.limit_queue('q', running => 2147483647)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_key => 1001)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => 1e308)", "22023"),
+        ("SELECT sturdy.limit_queue('q', per_second => 1, burst => 1000001)", "22023"),
         ("SELECT sturdy.pause(NULL)", "22004"),
         ("SELECT sturdy.resume('')", "22023"),
     ] {
