@@ -63,6 +63,25 @@ impl Text {
     }
 }
 
+/// The payload of a `NOTIFY` that names `name` (a queue, an event), which
+/// every client decodes whatever its encoding and the database's: printable
+/// ASCII as it is, every other byte and the backslash as `\xHH` (two
+/// lowercase hex digits). A name's raw bytes broke a listening client where
+/// they were not valid in its encoding (any bytes are a name in a
+/// `SQL_ASCII` database), or could not be converted to it: the client got a
+/// decoding error, with no SQLSTATE, on whatever statement received it.
+pub fn notify_payload(name: &[u8]) -> Text {
+    let mut out = String::with_capacity(name.len());
+    for &b in name {
+        if (0x20..0x7f).contains(&b) && b != b'\\' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    Text::new(&out)
+}
+
 impl FromDatum for Text {
     unsafe fn from_polymorphic_datum(
         datum: pg_sys::Datum,

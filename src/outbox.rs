@@ -44,7 +44,6 @@ use std::time::Instant;
 
 use pg_sturdy_macros::sql_function;
 use pgrx::IntoDatum;
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 
 use crate::args::{self, Name};
@@ -355,8 +354,9 @@ fn unsubscribe(event: Option<Text>, subscriber: Option<pg_sys::Oid>) -> Result<b
 }
 
 /// Wake a waiting pump, if this call's work is the first since it waited.
-fn wake(event: impl IntoDatum) -> Result<()> {
-    run_one(&WAKE, &[DatumWithOid::from(event)], |_| Ok(()))
+fn wake(event: &[u8]) -> Result<()> {
+    let payload = crate::datum::notify_payload(event);
+    run_one(&WAKE, &[payload.into()], |_| Ok(()))
 }
 
 /// Returns its row through the call.
@@ -380,7 +380,7 @@ fn emit(
             Ok(t.first().get_three::<i64, i32, bool>()?)
         })?;
     if waiting == Some(true) {
-        wake(event)?;
+        wake(event.bytes())?;
     }
     plan::return_row(call, &[id.into_datum(), deliveries.into_datum()])
 }
@@ -717,7 +717,7 @@ fn redrive(delivery: Option<i64>) -> Result<bool> {
         None => Ok(false),
         Some((waiting, event)) => {
             if waiting == Some(true) {
-                wake(event)?;
+                wake(event.as_deref().unwrap_or_default().as_bytes())?;
             }
             Ok(true)
         }

@@ -367,7 +367,8 @@ fn resume(queue: Option<Text>) -> Result<bool> {
     run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
     changed();
     if was {
-        run_one(&NOTIFY_RESUMED, &[queue.into()], |_| Ok(()))?;
+        let payload = crate::datum::notify_payload(queue.bytes());
+        run_one(&NOTIFY_RESUMED, &[payload.into()], |_| Ok(()))?;
     }
     Ok(was)
 }

@@ -165,8 +165,8 @@ pub(super) static TAKE_MANY: Statement = Statement {
 /// call cleared it (of two schedules racing here, one notifies).
 pub(super) static WAKE: Statement = Statement {
     sql: "DELETE FROM sturdy.queue_waiters WHERE queue OPERATOR(pg_catalog.=) $1
-          RETURNING pg_catalog.pg_notify('sturdy', $1)",
-    args: &[pg_sys::TEXTOID],
+          RETURNING pg_catalog.pg_notify('sturdy', $2)",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
 };

@@ -75,13 +75,15 @@ pub(super) fn wake_if_waited(queue: Name) -> Result<()> {
 /// Clear the queue's waiter mark and notify (see [`WAKE`]).
 pub(super) fn wake(queue: Name) -> Result<()> {
     if !crate::scaleout::distributed() {
-        return run_one(&WAKE, &[queue.into()], |_| Ok(()));
+        let payload = crate::datum::notify_payload(queue.bytes());
+        return run_one(&WAKE, &[queue.into(), payload.into()], |_| Ok(()));
     }
     let cleared = run_one(&WAKE_ROUTED, &[queue.into()], |_| {
         Ok(!crate::plan::last_rows().is_empty())
     })?;
     if cleared {
-        run_one(&NOTIFY, &[queue.into()], |_| Ok(()))?;
+        let payload = crate::datum::notify_payload(queue.bytes());
+        run_one(&NOTIFY, &[payload.into()], |_| Ok(()))?;
     }
     Ok(())
 }
