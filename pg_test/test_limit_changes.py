@@ -165,6 +165,9 @@ def test_a_first_limit_counts_the_rows_already_leased():
         c.execute("SELECT sturdy.limit_queue(%s, running => 2)", (Q,))
         assert settling(c) is True
         assert takes_now(c) == 0
+        # every ready row is held back, no more (four places held of two)
+        assert c.execute("SELECT ready, held_back FROM sturdy.queue_stats WHERE queue = %s",
+                         (Q,)).fetchone() == (6, 6)
         for n, (w, r) in enumerate(passes[:3]):
             assert c.execute("SELECT sturdy.done(%s, %s, %s)", (w, r, Q)).fetchone()[0]
             running = 4 - (n + 1)

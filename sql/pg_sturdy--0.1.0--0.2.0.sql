@@ -137,10 +137,11 @@ SELECT s.*,
             WHEN l.paused THEN s.ready
             ELSE GREATEST(0::bigint,
                           s.ready - LEAST(
-                              COALESCE(l.running::bigint
+                              -- (a settling queue's passes may hold more places than running)
+                              COALESCE(GREATEST(0::bigint, l.running::bigint
                                        - (SELECT pg_catalog.count(*) FROM sturdy.queue_places p
                                            WHERE p.queue OPERATOR(pg_catalog.=) s.queue
-                                             AND p.receipt OPERATOR(pg_catalog.>) pg_catalog.now()),
+                                             AND p.receipt OPERATOR(pg_catalog.>) pg_catalog.now())),
                                        s.ready),
                               COALESCE(pg_catalog.floor(LEAST(l.burst::float8,
                                            COALESCE(l.tokens, l.burst::float8)
@@ -150,7 +151,7 @@ SELECT s.*,
                                        s.ready)),
                           -- per key: its ready rows past its free places
                           (SELECT COALESCE(pg_catalog.sum(GREATEST(0::bigint, r.n
-                                      OPERATOR(pg_catalog.-) (l.per_key::bigint
+                                      OPERATOR(pg_catalog.-) GREATEST(0::bigint, l.per_key::bigint
                                       OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM sturdy.queue_key_places p
                                            WHERE p.queue OPERATOR(pg_catalog.=) s.queue AND p.key OPERATOR(pg_catalog.=) r.key
                                              AND p.receipt OPERATOR(pg_catalog.>) pg_catalog.now())))), 0)::bigint

@@ -23,6 +23,8 @@ CREATE FUNCTION pg_temp.value_for(fn text, arg text, type regtype) RETURNS text 
         WHEN type = 'interval'::regtype THEN '1 minute'
         WHEN type = 'timestamptz'::regtype THEN now()::text
         WHEN type = 'timestamptz[]'::regtype THEN '{' || now()::text || '}'
+        -- (an instance id no earlier file made: the answers do not depend on them)
+        WHEN type = 'bigint'::regtype AND arg IN ('id', 'delivery') THEN '-1'
         WHEN type IN ('bigint'::regtype, 'integer'::regtype, 'double precision'::regtype) THEN '1'
         WHEN type = 'boolean'::regtype THEN 'false'
         WHEN type = 'regclass'::regtype THEN 'public.t3'
