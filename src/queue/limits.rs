@@ -794,8 +794,9 @@ pub(super) fn ended_many(
 /// (its take ran elsewhere). A row gone, or given another key since the
 /// take, leaves its place to be freed when the receipt passes: the limit
 /// holds one place fewer for the key meanwhile, never one more.
-/// Whether the queue has a running or per-key limit, for [`freed`], which
-/// the caller calls last.
+///
+/// Answers whether the queue has a running or per-key limit, for
+/// [`freed`], which the caller calls last.
 pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Result<bool> {
     let limits = of(queue)?;
     for held in limits.iter().flat_map(Limits::held) {
@@ -818,8 +819,8 @@ pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Res
 /// at its poll interval. Last, holding the mark's row to the commit: a take
 /// that marks the queue waits for that row, and may hold the lock of the
 /// pass's row (a row it locked, found leased since, and kept locked), which
-/// the pass's end would otherwise still wait for.
-/// `limited`: what [`ended`] (or [`ended_many`]) answered.
+/// the pass's end would otherwise still wait for. `limited`: what
+/// [`ended`] (or [`ended_many`]) answered.
 pub fn freed(queue: Name, limited: bool) -> Result<()> {
     if limited {
         wake_if_waited(queue)?;
