@@ -426,11 +426,12 @@ def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before()
         admin.execute("SELECT sturdy.schedule('urgent', now(), 'late', priority => 5)")
         assert taker.execute("SELECT workflow FROM sturdy.take('late')").fetchone() == ("urgent",)
         admin.execute("SELECT sturdy.limit_queue('late', running => 2)")
-        # passes taken before the limit hold no place: two more, then none
-        assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (2,)
+        # the two passes taken before the limit count against it: none more
+        # (a session that kept "no limit" would hand out three)
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (0,)
         admin.execute("SELECT sturdy.limit_queue('late', running => 3)")
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (1,)
+        assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (0,)
 
 
 def test_batch_runs_on_a_coordinator_table_and_refuses_a_distributed_one():
