@@ -33,8 +33,10 @@ TAKE = "BEGIN;\nSELECT count(*) FROM sturdy.take('kb', '1 minute');\nROLLBACK;\n
 
 
 def psql(sql, db="bench"):
+    """`sql`'s statements one after another (each in its own transaction
+    unless the script says BEGIN), and what they printed."""
     run = subprocess.run([*AS_PG, os.path.join(BINDIR, "psql"), *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1",
-                          "-At", "-c", sql, db], capture_output=True, text=True)
+                          "-At", "-f", "-", db], input=sql, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"psql: {run.stderr[-2000:]}")
     return run.stdout.strip()
@@ -49,14 +51,14 @@ def restart():
 def fill(backlog):
     """per_key = 1; one pass of key big running; `backlog` ready rows of big,
     then one of small."""
-    psql("SELECT sturdy.limit_queue('kb'); DELETE FROM sturdy.queue WHERE queue = 'kb';"
-         "SELECT sturdy.limit_queue('kb', per_key => 1);"
-         "SELECT sturdy.schedule('running', now() - interval '2 hours', 'kb', key => 'big');"
-         "SELECT count(*) FROM sturdy.take('kb', '1 day');"
+    psql("SELECT sturdy.limit_queue('kb');\n DELETE FROM sturdy.queue WHERE queue = 'kb';\n"
+         "SELECT sturdy.limit_queue('kb', per_key => 1);\n"
+         "SELECT sturdy.schedule('running', now() - interval '2 hours', 'kb', key => 'big');\n"
+         "SELECT count(*) FROM sturdy.take('kb', '1 day');\n"
          f"SELECT count(sturdy.schedule('big-' || i, now() - interval '1 hour' + i * interval '1 ms', 'kb',"
-         f" key => 'big')) FROM generate_series(1, {backlog}) i;"
-         "SELECT sturdy.schedule('small', now() - interval '1 minute', 'kb', key => 'small');"
-         "VACUUM ANALYZE sturdy.queue;")
+         f" key => 'big')) FROM generate_series(1, {backlog}) i;\n"
+         "SELECT sturdy.schedule('small', now() - interval '1 minute', 'kb', key => 'small');\n"
+         "VACUUM ANALYZE sturdy.queue;\n")
 
 
 def per_take_ms():
@@ -93,7 +95,7 @@ def main():
             psql("CREATE EXTENSION pg_sturdy")
             for backlog in BACKLOGS:
                 fill(backlog)
-                assert psql(TAKE.split("\n")[1].rstrip(";")) == "1", "the take did not reach the row behind"
+                assert psql(TAKE) == "1", "the take did not reach the row behind"
                 results[(name, backlog)] = per_take_ms()
     finally:
         if AB:
