@@ -109,3 +109,32 @@ def test_health_flags_a_snapshot_held_for_five_minutes(begun_early):
                 age, ok = look()
                 assert ok and age >= datetime.timedelta(seconds=1), f"a young snapshot not ok: {seen[-1]}"
     print(f"     seen (age s, ok, value): {seen[0]}, {seen[-1]}, then ok with none")
+
+
+def test_two_samplers_at_once_count_each_ended_row_once():
+    """pg_cron and a dashboard calling sturdy.sample() at the same moment
+    each read the history before either committed, and both counted the
+    rows that ended since the last sample: twice. Now a sampler waits for
+    the one under way and counts from its sample."""
+    from sturdy import Worker
+    with connect() as c, connect() as s1, connect() as s2:
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'twice'")
+        c.execute("SELECT sturdy.schedule('tw-' || i, now() - interval '1 minute', 'twice')"
+                  " FROM generate_series(1, 5) i")
+        c.execute("SELECT sturdy.sample()")
+        start = c.execute("SELECT max(sampled_at) FROM sturdy.samples WHERE kind = 'queue' AND name = 'twice'"
+                          ).fetchone()[0]
+        c.execute("DELETE FROM sturdy.queue WHERE queue = 'twice' AND workflow IN ('tw-1', 'tw-2')")
+        s1.autocommit = False
+        s1.execute("SELECT sturdy.sample()")
+        done = []
+        t = Worker(target=lambda: done.append(s2.execute("SELECT sturdy.sample()").fetchone()))
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive(), "the second sampler did not wait for the first"
+        s1.commit()
+        t.join(30)
+        assert done
+        ended = c.execute("SELECT array_agg((figures->>'ended')::int ORDER BY sampled_at) FROM sturdy.samples"
+                          " WHERE kind = 'queue' AND name = 'twice' AND sampled_at > %s", (start,)).fetchone()[0]
+        assert ended == [2, 0], f"ended per sample after the two rows went: {ended}"

@@ -75,6 +75,12 @@ CREATE FUNCTION sturdy.sample() RETURNS integer
     LANGUAGE sql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
     SET search_path = pg_catalog, pg_temp
 AS $$
+-- One sampler at a time (pg_cron beside a dashboard): the statement below
+-- runs on a snapshot taken after this lock, so it sees the sample the one
+-- before it committed and counts ended and delivered since that one, never
+-- the same interval twice. (A transaction-level advisory lock keyed by the
+-- samples table's OID: no privilege needed, nothing held past the commit.)
+SELECT pg_advisory_xact_lock('sturdy.samples'::regclass::oid::int4, 0);
 WITH previous AS (
     -- the last sample of each thing sampled within the hour
     SELECT DISTINCT ON (p.kind, p.name, p.subscriber) p.kind, p.name, p.subscriber, p.sampled_at, p.figures
