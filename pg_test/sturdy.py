@@ -67,6 +67,24 @@ def commit_a_second_late(worker, started, sql):
     return committed
 
 
+def run_node(script, *args, timeout):
+    """Run the node-postgres script `script` (in pg_test/) with the server's
+    host and port and `args`; skips the test where node is missing. Returns
+    the finished process."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (scripts/bootstrap.sh installs it)")
+    conn = dict(kv.split("=", 1) for kv in SERVER.split())
+    env = dict(os.environ, NODE_PATH=os.path.join(os.environ.get("NODE_DIR", "/opt/pg_sturdy/node"), "node_modules"))
+    return subprocess.run([node, os.path.join(os.path.dirname(__file__), script), conn["host"], conn["port"], *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def wait_notifies(conn, seconds):
     """Notifications that reach `conn` within `seconds`."""
     got = []

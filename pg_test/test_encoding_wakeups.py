@@ -3,14 +3,11 @@ may hold any bytes: every client decodes it, whatever its encoding, and
 gets the queue's name with the bytes outside printable ASCII (and the
 backslash) written as \\xHH (docs/reference.md, Wakeups)."""
 import json
-import os
-import shutil
-import subprocess
 
 import psycopg
 import pytest
 
-from sturdy import SERVER, wait_notifies
+from sturdy import SERVER, run_node, wait_notifies
 
 DB = "sturdy_ascii_wakeups"
 # the queue's name as the server holds it: q, the byte 0xff, a backslash, x
@@ -72,14 +69,7 @@ def test_a_plain_queue_name_is_its_own_payload(ascii_db):
 
 
 def test_a_node_postgres_listener_decodes_the_wakeup(ascii_db):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed (scripts/bootstrap.sh installs it)")
-    conn = dict(kv.split("=", 1) for kv in SERVER.split())
-    env = dict(os.environ, NODE_PATH=os.path.join(os.environ.get("NODE_DIR", "/opt/pg_sturdy/node"), "node_modules"))
-    script = os.path.join(os.path.dirname(__file__), "node_listener.cjs")
-    run = subprocess.run([node, script, conn["host"], conn["port"], DB], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = run_node("node_listener.cjs", DB, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out == {"got": [r"nq\xff\x5cx"], "one": 1}
