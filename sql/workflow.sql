@@ -23,7 +23,7 @@ ALTER SEQUENCE sturdy.instances_id_seq OWNED BY sturdy.instances.id;
 -- status: the newest instance of a business key
 CREATE INDEX instances_business_key ON sturdy.instances (business_key, id);
 -- stuck: live instances by the time of their last status change
-CREATE INDEX instances_live ON sturdy.instances (updated_at) WHERE status IN ('pending', 'running');
+CREATE INDEX instances_live ON sturdy.instances (updated_at, id) WHERE status IN ('pending', 'running');
 -- sweep: finished instances, oldest first
 CREATE INDEX instances_finished ON sturdy.instances (finished_at) WHERE finished_at IS NOT NULL;
 SELECT pg_catalog.pg_extension_config_dump('sturdy.instances', '');

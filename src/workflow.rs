@@ -213,23 +213,35 @@ fn status_in_steps(call: &Args, business_key: Name) -> Result<()> {
     )
 }
 
-/// Live instances whose last status change and last checkpoint are both
-/// older than the cutoff.
-static STUCK: Statement = Statement {
+/// `stuck`'s walk: up to `$4` live instances whose last status change is
+/// older than the cutoff, from just past (`$2`, `$3`) in (updated_at, id)
+/// order (`instances_live`), each with its last checkpoint's time. The
+/// checkpoints are read for the walked instances by name: under Citus they
+/// are distributed and the instances are not, and no statement may join
+/// the two.
+static STUCK_WALK: Statement = Statement {
     sql: "WITH i AS MATERIALIZED (
               SELECT id, process, business_key, workflow, status, updated_at FROM sturdy.instances
                WHERE status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])
-                 AND updated_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)),
+                 AND updated_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
+                 AND ($2 IS NULL OR (updated_at, id) OPERATOR(pg_catalog.>) ($2, $3))
+               ORDER BY updated_at, id
+               LIMIT $4),
           p AS MATERIALIZED (
               SELECT c.workflow, pg_catalog.max(c.recorded_at) AS at FROM sturdy.checkpoints c
                WHERE c.workflow OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT workflow FROM i))
                GROUP BY c.workflow)
           SELECT i.id, i.process, i.business_key, i.workflow, i.status,
-                 GREATEST(i.updated_at, p.at) AS stalled_since
+                 GREATEST(i.updated_at, p.at) AS stalled_since, i.updated_at,
+                 p.at IS NULL OR p.at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1) AS stalled
             FROM i LEFT JOIN p ON p.workflow OPERATOR(pg_catalog.=) i.workflow
-           WHERE p.at IS NULL OR p.at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
-           ORDER BY stalled_since, i.id",
-    args: &[pg_sys::INTERVALOID],
+           ORDER BY i.updated_at, i.id",
+    args: &[
+        pg_sys::INTERVALOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT8OID,
+        pg_sys::INT4OID,
+    ],
     writes: false,
     generic: false,
 };
@@ -529,16 +541,120 @@ fn status_of(call: &Args, business_key: Option<Text>) -> Result<()> {
 
 /// Returns its rows through the call.
 #[sql_function(
-    "sturdy.stuck(older_than interval)
+    "sturdy.stuck(older_than interval, max integer DEFAULT NULL)
      RETURNS TABLE (id bigint, process text, business_key text, workflow text, status text,
                     stalled_since timestamptz)
      STABLE PARALLEL UNSAFE",
-    comment = "Pending or running instances with no progress (no status change, no checkpoint of any kind) for older_than, longest stalled first."
+    comment = "Pending or running instances with no progress (no status change, no checkpoint of any kind) for older_than, longest stalled first; the first max of them when max is given (NULL: all)."
 )]
-fn stuck(call: &Args, older_than: Option<Interval>) -> Result<()> {
+fn stuck(call: &Args, older_than: Option<Interval>, max: Option<i32>) -> Result<()> {
     let older_than = args::lease("older_than", older_than)?;
-    plan::run_as_set(call, &STUCK, &[older_than.into()])?;
+    let max = match max {
+        None => None,
+        Some(n) => Some(args::positive("max", Some(n))? as usize),
+    };
+    let found = stuck_walk(older_than, max)?;
+    plan::begin_result(call);
+    for s in &found {
+        plan::append_row(
+            call,
+            &[
+                s.id.into_datum(),
+                Text::from_bytes(&s.process).into_datum(),
+                Text::from_bytes(&s.business_key).into_datum(),
+                Text::from_bytes(&s.workflow).into_datum(),
+                Text::from_bytes(&s.status).into_datum(),
+                Some(pg_sys::Datum::from(s.stalled_since)),
+            ],
+        )?;
+    }
     Ok(())
+}
+
+/// A stalled instance `stuck` found.
+struct Stalled {
+    stalled_since: pg_sys::TimestampTz,
+    id: i64,
+    process: Vec<u8>,
+    business_key: Vec<u8>,
+    workflow: Vec<u8>,
+    status: Vec<u8>,
+}
+
+/// How many instances one statement of `stuck`'s walk reads.
+const STUCK_CHUNK: i32 = 500;
+
+/// The stalled instances, longest stalled first, the first `max` of them.
+/// An instance's stall begins at its last status change or its last
+/// checkpoint, whichever is later, so never before its `updated_at`: the
+/// walk reads the live instances in `updated_at` order, a chunk at a time,
+/// and stops once the `max`-th longest stalled so far began before the
+/// next instance it would read changed status. Bounded by `max` and the
+/// instances with a later checkpoint passed on the way, never by how many
+/// are stalled (a health check over two million stalled instances reads
+/// the first chunk).
+fn stuck_walk(older_than: Interval, max: Option<usize>) -> Result<Vec<Stalled>> {
+    let mut found: Vec<Stalled> = Vec::new();
+    let mut after: Option<(pg_sys::TimestampTz, i64)> = None;
+    let chunk = max.map_or(STUCK_CHUNK, |m| {
+        i32::try_from(m).unwrap_or(i32::MAX).clamp(64, STUCK_CHUNK)
+    });
+    let by_stall = |a: &Stalled, b: &Stalled| (a.stalled_since, a.id).cmp(&(b.stalled_since, b.id));
+    loop {
+        let (at, id) = after.map_or((None, None), |(at, id)| (Some(at), Some(id)));
+        let read = plan::run_rows(
+            &STUCK_WALK,
+            &[
+                older_than.into(),
+                at.and_then(|t| TimestampWithTimeZone::try_from(t).ok())
+                    .map_or_else(null::<TimestampWithTimeZone>, Into::into),
+                id.map_or_else(null::<i64>, Into::into),
+                chunk.into(),
+            ],
+            |rows| {
+                let mut last = None;
+                for r in 0..rows.len() {
+                    let (Some(id), Some(updated_at)) = (rows.get::<i64>(r, 1), rows.timestamptz(r, 7))
+                    else {
+                        continue;
+                    };
+                    last = Some((updated_at, id));
+                    if rows.get::<bool>(r, 8) != Some(true) {
+                        continue;
+                    }
+                    let bytes = |col| rows.text_bytes(r, col).unwrap_or_default().to_vec();
+                    found.push(Stalled {
+                        stalled_since: rows.timestamptz(r, 6).unwrap_or(updated_at),
+                        id,
+                        process: bytes(2),
+                        business_key: bytes(3),
+                        workflow: bytes(4),
+                        status: bytes(5),
+                    });
+                }
+                Ok((rows.len(), last))
+            },
+        )?;
+        let (read, last) = read;
+        found.sort_by(by_stall);
+        if let Some(m) = max {
+            found.truncate(m);
+        }
+        let Some(last) = last else { break };
+        if read < chunk as usize {
+            break;
+        }
+        after = Some(last);
+        // every instance still to read stalled at its updated_at or later,
+        // and comes after `last` in (updated_at, id) order
+        if let Some(m) = max
+            && found.len() >= m
+            && (found[m - 1].stalled_since, found[m - 1].id) < last
+        {
+            break;
+        }
+    }
+    Ok(found)
 }
 
 /// The workflow name of instance `id`, as bytes; `None` for no such

@@ -46,7 +46,8 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                     (s.figures->>'held_back')::int8,
                     (s.figures->>'pending')::int8, (s.figures->>'retrying')::int8, (s.figures->>'dead')::int8,
                     (s.figures->>'oldest_pending_seconds')::float8,
-                    (s.figures->>'count')::int8, s.figures->>'value', (s.figures->>'ok')::bool, s.figures->>'meaning'
+                    (s.figures->>'count')::int8, s.figures->>'value', (s.figures->>'ok')::bool, s.figures->>'meaning',
+                    COALESCE((s.figures->>'estimated')::bool, false), COALESCE((s.figures->>'more')::bool, false)
                FROM unnest(ARRAY['health', 'instances', 'queue', 'outbox']) WITH ORDINALITY AS k(kind, n)
               CROSS JOIN LATERAL (
                     SELECT * FROM sturdy.samples
@@ -154,7 +155,7 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                     tr {
                         td { a href=(format!("/queue?name={}", encode(&name))) { (shown(&name)) }
                              @if r.get::<_, Option<bool>>(8) == Some(true) { " " span.bad { "paused" } } }
-                        td.n { (int(r, 4)) } td.n { (int(r, 5)) } td.n { (int(r, 6)) }
+                        td.n { (about(r, 4)) } td.n { (int(r, 5)) } td.n { (about(r, 6)) }
                         td.n { (seconds(r.get::<_, Option<f64>>(7))) }
                         td { (shown(&limit_of(&name).unwrap_or_default())) }
                         td.n { (int(r, 9)) }
@@ -187,8 +188,8 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
             table {
                 tr { @for r in of("instances") { th { (shown(&text(r, 1))) } } }
                 tr { @for r in of("instances") {
-                    td.n { @if text(r, 1) == "stuck" && int(r, 14) > 0 { a.bad href="/stuck" { (int(r, 14)) } }
-                           @else { (int(r, 14)) } }
+                    td.n { @if text(r, 1) == "stuck" && int(r, 14) > 0 { a.bad href="/stuck" { (about(r, 14)) } }
+                           @else { (about(r, 14)) } }
                 } }
             }
             h2 { a href="/batches" { "Batch jobs" } }
@@ -207,6 +208,20 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
             @if more_batches { (more(&format!("the first {OVERVIEW_BATCHES} batch jobs"), html! { a href="/batches" { "All of them →" } })) }
         },
     ))
+}
+
+/// Figure `col` of a sample row as `sample()` gave it: "≈" before an
+/// estimate (a part of a table past what it counts row by row), "+" after
+/// a count it stopped (stuck instances).
+fn about(r: &Row, col: usize) -> String {
+    let n = int(r, col);
+    if r.get::<_, bool>(18) {
+        format!("≈ {n}")
+    } else if r.get::<_, bool>(19) {
+        format!("{n}+")
+    } else {
+        n.to_string()
+    }
 }
 
 /// The rows of `kind` of the overview's latest sample: the first `n`, and
@@ -532,11 +547,11 @@ pub(crate) async fn stuck_page(State(app): State<Shared>) -> Page {
         .query(
             "SELECT s.id, s.process, s.business_key, s.workflow, s.status, s.stalled_since::text,
                     (SELECT i.revision FROM sturdy.instances i WHERE i.id = s.id)
-               FROM sturdy.stuck('1 hour') s
-              ORDER BY s.stalled_since LIMIT $1",
-            &[&PAGE],
+               FROM sturdy.stuck('1 hour', $1::int4) s",
+            &[&((PAGE + 1) as i32)],
         )
         .await?;
+    let (rows, more_rows) = first(&rows, PAGE);
     Ok(layout(
         "Stuck instances",
         html! {
@@ -544,7 +559,7 @@ pub(crate) async fn stuck_page(State(app): State<Shared>) -> Page {
             p.muted { "Pending or running, without a status change or a checkpoint for an hour; the longest stalled first, at most " (PAGE) "." }
             table {
                 tr { th { "id" } th { "process" } th { "business key" } th { "status" } th { "stalled since" } th { "" } }
-                @for r in &rows {
+                @for r in rows {
                     tr {
                         td { a href=(format!("/instance?q={}", int(r, 0))) { (int(r, 0)) } }
                         td { (shown(&text(r, 1))) } td { (shown(&text(r, 2))) } td { (text(r, 4)) } td { (text(r, 5)) }
@@ -559,6 +574,8 @@ pub(crate) async fn stuck_page(State(app): State<Shared>) -> Page {
                     }
                 }
             }
+            @if more_rows { (more(&format!("the {PAGE} longest stalled"), html! {
+                code { "sturdy.stuck('1 hour')" } " lists them all." })) }
             @if rows.is_empty() { p { "Nothing is stuck." } }
         },
     ))
