@@ -961,10 +961,11 @@ BEGIN
         INSERT INTO sturdy.samples (sampled_at, kind, name, subscriber, figures)
         VALUES (now(), 'instances', st, '', jsonb_build_object('count', total, 'estimated', estimated));
     END LOOP;
-    -- stuck: counted up to cap (sturdy.stuck reads the first of them only)
-    stalled := (SELECT count(*) FROM sturdy.stuck('1 hour', cap + 1));
+    -- stuck: counted up to 1,000, as the health view counts them (stuck
+    -- walks only as far as the first 1,001)
+    stalled := (SELECT count(*) FROM sturdy.stuck('1 hour', 1001));
     INSERT INTO sturdy.samples (sampled_at, kind, name, subscriber, figures)
-    VALUES (now(), 'instances', 'stuck', '', jsonb_build_object('count', LEAST(stalled, cap), 'more', stalled > cap));
+    VALUES (now(), 'instances', 'stuck', '', jsonb_build_object('count', LEAST(stalled, 1000), 'more', stalled > 1000));
     written := written + 6;
 
     -- The health signals: the two about the queue from the figures read

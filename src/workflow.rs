@@ -903,6 +903,42 @@ mod tests {
         );
         assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck('0 s')"), "22023");
         assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck(NULL)"), "22004");
+        assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck('1 hour', 0)"), "22023");
+    }
+
+    /// `stuck(older_than, max)` walks the live instances by their last
+    /// status change and stops early; what it returns must still be the
+    /// first `max` of the whole list, longest stalled first. 1,500 stalled
+    /// instances over several of its chunks, many sharing one `updated_at`
+    /// (a bulk start), a third with a later checkpoint that moves them
+    /// back in the order, some of those no longer stalled at all.
+    #[pg_test]
+    fn stuck_with_a_max_returns_the_first_of_the_whole_list() {
+        Spi::run(
+            "SELECT count(sturdy.start('p', 'k' || g)) FROM generate_series(1, 1500) g;
+             UPDATE sturdy.instances
+                SET updated_at = now() - interval '3 hours' + (id % 97) * interval '1 minute';
+             INSERT INTO sturdy.checkpoints (workflow, step, value, recorded_at)
+             SELECT workflow, 'late', '1', now() - interval '3 hours' + (id % 193) * interval '1 minute'
+               FROM sturdy.instances WHERE id % 3 = 0",
+        )
+        .unwrap();
+        let all = count("sturdy.stuck('1 hour')");
+        assert!((1000..1500).contains(&all), "{all} stalled");
+        for max in [1, 7, 63, 64, 65, 499, 500, 501, 1000, 1499, 1500, 5000] {
+            let differs = count(&format!(
+                "(SELECT row_number() OVER (), s.id, s.stalled_since FROM sturdy.stuck('1 hour', {max}) s
+                  EXCEPT
+                  SELECT * FROM (SELECT row_number() OVER (), s.id, s.stalled_since FROM sturdy.stuck('1 hour') s
+                                  LIMIT {max}) f) d"
+            ));
+            assert_eq!(differs, 0, "max {max}");
+            assert_eq!(
+                count(&format!("sturdy.stuck('1 hour', {max})")),
+                all.min(max),
+                "max {max}"
+            );
+        }
     }
 
     #[pg_test]
