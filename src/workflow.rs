@@ -614,7 +614,8 @@ fn stuck_walk(older_than: Interval, max: Option<usize>) -> Result<Vec<Stalled>> 
             |rows| {
                 let mut last = None;
                 for r in 0..rows.len() {
-                    let (Some(id), Some(updated_at)) = (rows.get::<i64>(r, 1), rows.timestamptz(r, 7))
+                    let (Some(id), Some(updated_at)) =
+                        (rows.get::<i64>(r, 1), rows.timestamptz(r, 7))
                     else {
                         continue;
                     };
@@ -903,7 +904,10 @@ mod tests {
         );
         assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck('0 s')"), "22023");
         assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck(NULL)"), "22004");
-        assert_eq!(sqlstate_of("SELECT * FROM sturdy.stuck('1 hour', 0)"), "22023");
+        assert_eq!(
+            sqlstate_of("SELECT * FROM sturdy.stuck('1 hour', 0)"),
+            "22023"
+        );
     }
 
     /// `stuck(older_than, max)` walks the live instances by their last
