@@ -56,6 +56,35 @@ COMMENT ON COLUMN sturdy.queue.priority IS
     'Take hands out ready rows of a higher priority first (0, the default, last); set by schedule, kept by wake_at and arrive.';
 COMMENT ON COLUMN sturdy.queue.key IS
     'The group the row belongs to for the queue''s per_key limit (a tenant, an account); NULL: not limited per key.';
+-- Failing passes (src/queue/fail.rs; see sql/queue.sql): NULL until a pass
+-- of the row fails.
+ALTER TABLE sturdy.queue ADD COLUMN attempts integer, ADD COLUMN last_error text,
+    ADD COLUMN last_sqlstate text, ADD COLUMN failed_at timestamptz;
+COMMENT ON COLUMN sturdy.queue.attempts IS
+    'How many of its passes failed (fail, or a lease run out); NULL: none. A take hands it out as attempt attempts + 1; a new row after done starts again.';
+COMMENT ON COLUMN sturdy.queue.last_error IS 'The error its last failed pass gave (fail), at most 1,000 characters.';
+COMMENT ON COLUMN sturdy.queue.last_sqlstate IS 'The SQLSTATE-like code its last failed pass gave with the error (fail''s code), if any.';
+COMMENT ON COLUMN sturdy.queue.failed_at IS
+    'When its last pass failed. With visible_at ''infinity'' the row is dead: it failed its queue''s max_attempts times and is never handed out again (redrive or cancel it).';
+
+-- Failing passes: a queue's retry policy (retry_queue). A queue without a
+-- row here retries as retry_queue's defaults say: 25 attempts, 1 s doubled
+-- each failure up to 1 h, 10% jitter (docs/reference.md, retry_queue).
+CREATE TABLE sturdy.queue_retry (
+    queue        text     COLLATE "C" PRIMARY KEY,
+    max_attempts integer  NOT NULL,
+    backoff      interval NOT NULL,
+    max_backoff  interval NOT NULL,
+    jitter       float8   NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_retry', '');
+COMMENT ON TABLE sturdy.queue_retry IS
+    'Retry policies per queue, set by retry_queue: after a failed pass the row is visible again after a backoff, and dead at max_attempts failures.';
+COMMENT ON COLUMN sturdy.queue_retry.queue IS 'The queue.';
+COMMENT ON COLUMN sturdy.queue_retry.max_attempts IS 'Failures after which a row is dead (never handed out again).';
+COMMENT ON COLUMN sturdy.queue_retry.backoff IS 'The wait after the first failure; doubled after each one after it.';
+COMMENT ON COLUMN sturdy.queue_retry.max_backoff IS 'The longest wait after a failure.';
+COMMENT ON COLUMN sturdy.queue_retry.jitter IS 'Each wait is moved by up to this fraction of it, either way, at random.';
 CREATE SEQUENCE sturdy.queue_priorities;
 COMMENT ON SEQUENCE sturdy.queue_priorities IS
     'A signal: its relcache invalidation, sent by the commit of a transaction that scheduled a row with a priority, tells takes that knew a queue had none to look again.';
@@ -131,7 +160,7 @@ COMMENT ON COLUMN sturdy.queue_key_places.workflow IS 'The workflow whose pass h
 COMMENT ON COLUMN sturdy.queue_key_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
 
 CREATE OR REPLACE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
-SELECT s.*,
+SELECT s.queue, s.ready, s.leased, s.sleeping, s.oldest_ready_age,
        COALESCE(l.paused, false) AS paused, l.running, l.per_key, l.per_second, l.burst,
        CASE WHEN l.queue IS NULL THEN 0::bigint
             WHEN l.paused THEN s.ready
@@ -161,18 +190,21 @@ SELECT s.*,
                                       AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now())
                                     GROUP BY q.key) r
                             WHERE l.per_key IS NOT NULL))
-       END AS held_back
+       END AS held_back,
+       s.failing, s.dead
   FROM (SELECT queue,
                count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
                count(*) FILTER (WHERE leased_until > now())                                                     AS leased,
-               count(*) FILTER (WHERE visible_at > now())                                                       AS sleeping,
+               count(*) FILTER (WHERE visible_at > now() AND visible_at < 'infinity')                           AS sleeping,
                now() - min(GREATEST(visible_at, leased_until))
-                        FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
+                        FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age,
+               count(*) FILTER (WHERE attempts > 0 AND visible_at < 'infinity')                                 AS failing,
+               count(*) FILTER (WHERE visible_at = 'infinity')                                                  AS dead
           FROM sturdy.queue
          GROUP BY queue) s
   LEFT JOIN sturdy.queue_limits l ON l.queue OPERATOR(pg_catalog.=) s.queue;
 COMMENT ON VIEW sturdy.queue_stats IS
-    'Per queue: rows ready now, leased by a taker, sleeping until a deadline, how long the oldest ready row has waited; its limits (limit_queue, pause), and how many ready rows a limit holds back right now.';
+    'Per queue: rows ready now, leased by a taker, sleeping until a deadline, how long the oldest ready row has waited; its limits (limit_queue, pause), and how many ready rows a limit holds back right now; rows whose last pass failed and will be retried (failing) and rows that failed max_attempts times (dead).';
 -- Roles granted pg_sturdy's use under 0.1.0 call schedule, take and wake_at,
 -- which now read and bump these sequences and read the queue's limits: they
 -- get them as grant_usage gives them.
@@ -206,7 +238,8 @@ COMMENT ON FUNCTION sturdy.done_many(workflows text[], receipts timestamptz[], q
     'done for a batch in one statement: removes each workflow whose receipt (same position) still matches, and returns how many were removed. NULL elements match nothing.';
 
 -- take gains `wake` (src/compose/take.rs): a worker that polls because it
--- cannot LISTEN asks for no NOTIFY. A function's arguments cannot be added
+-- cannot LISTEN asks for no NOTIFY; and `attempt` in its result (failing
+-- passes). A function's arguments cannot be added
 -- in place, so take is made again, and every role that could execute it is
 -- granted it again (carried in a setting local to this transaction).
 DO $$
@@ -217,11 +250,11 @@ BEGIN
         AND a.privilege_type = 'EXECUTE' AND a.grantee = r.oid AND a.grantee <> p.proowner;
 END $$;
 DROP FUNCTION sturdy.take(text, interval, integer, boolean);
-CREATE FUNCTION sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute', max integer DEFAULT 1, claim boolean DEFAULT false, wake boolean DEFAULT true) RETURNS TABLE (workflow text, receipt timestamptz, token bigint) VOLATILE PARALLEL UNSAFE ROWS 10
+CREATE FUNCTION sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute', max integer DEFAULT 1, claim boolean DEFAULT false, wake boolean DEFAULT true) RETURNS TABLE (workflow text, receipt timestamptz, token bigint, attempt integer) VOLATILE PARALLEL UNSAFE ROWS 10
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_take';
 COMMENT ON FUNCTION sturdy.take(queue text, lease interval, max integer, claim boolean, wake boolean) IS
-    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing.';
+    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). attempt says which attempt this pass is: 1, or one more than the passes of the row that failed (fail, retry_queue). Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing.';
 REVOKE ALL ON FUNCTION sturdy.take(text, interval, integer, boolean, boolean) FROM PUBLIC;
 DO $$
 DECLARE
@@ -260,6 +293,18 @@ BEGIN
                                   role);
     END LOOP;
 END $$;
+
+-- Failing passes (src/queue/fail.rs).
+CREATE FUNCTION sturdy.fail(workflow text, receipt timestamptz, error text, queue text DEFAULT 'default', retry_at timestamptz DEFAULT NULL, code text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_fail';
+COMMENT ON FUNCTION sturdy.fail(workflow text, receipt timestamptz, error text, queue text, retry_at timestamptz, code text) IS
+    'The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue''s backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). False, and nothing written, for a stale receipt.';
+CREATE FUNCTION sturdy.retry_queue(queue text, max_attempts integer DEFAULT 25, backoff interval DEFAULT '1 second', max_backoff interval DEFAULT '1 hour', jitter float8 DEFAULT 0.1) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_retry_queue';
+COMMENT ON FUNCTION sturdy.retry_queue(queue text, max_attempts integer, backoff interval, max_backoff interval, jitter float8) IS
+    'Set how the queue retries a failed pass: visible again after backoff doubled for each failure before it, at most max_backoff, moved by up to jitter of itself either way; dead at max_attempts failures. A NULL argument is its default (25, 1 second, 1 hour, 0.1), which a queue without a policy has.';
 
 -- Flow control (src/queue/limits.rs).
 CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL, per_second float8 DEFAULT NULL, burst integer DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
@@ -1015,7 +1060,8 @@ COMMENT ON FUNCTION sturdy.start(process text, business_key text, variables json
 -- - by workflow, colocated: claims, checkpoints. A claim, its checkpoints
 --   and every call about one workflow's steps run on the node that holds it;
 -- - by queue, colocated: queue and what limits and wakes a queue
---   (queue_limits, queue_places, queue_key_places, queue_waiters). A take
+--   (queue_limits, queue_places, queue_key_places, queue_waiters,
+--   queue_retry). A take
 --   addresses one shard, where FOR UPDATE SKIP LOCKED works, and its
 --   limit's places are on the same node;
 -- - on the coordinator, as they are: instances, idempotency_keys, outbox,
@@ -1053,7 +1099,8 @@ BEGIN
             (4, 'sturdy.queue_limits', 'queue', 'sturdy.queue'),
             (5, 'sturdy.queue_places', 'queue', 'sturdy.queue'),
             (6, 'sturdy.queue_key_places', 'queue', 'sturdy.queue'),
-            (7, 'sturdy.queue_waiters', 'queue', 'sturdy.queue')
+            (7, 'sturdy.queue_waiters', 'queue', 'sturdy.queue'),
+            (8, 'sturdy.queue_retry', 'queue', 'sturdy.queue')
         ) AS placement (n, tab, by_column, colocate_with)
         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
                            WHERE p.logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(placement.tab))

@@ -18,6 +18,13 @@ CREATE TABLE sturdy.queue (
     leased_until timestamptz,
     priority     integer     NOT NULL DEFAULT 0,
     key          text        COLLATE "C",
+    -- Failing passes (src/queue/fail.rs): all NULL until a pass fails, so
+    -- a queue where nothing fails writes and reads none of them (NULLs
+    -- cost a bit each in the row's null bitmap, which it already has).
+    attempts      integer,
+    last_error    text,
+    last_sqlstate text,
+    failed_at     timestamptz,
     PRIMARY KEY (queue, workflow)
 ) WITH (fillfactor = 45);
 ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
@@ -83,6 +90,31 @@ COMMENT ON COLUMN sturdy.queue.priority IS
     'Take hands out ready rows of a higher priority first (0, the default, last); set by schedule, kept by wake_at and arrive.';
 COMMENT ON COLUMN sturdy.queue.key IS
     'The group the row belongs to for the queue''s per_key limit (a tenant, an account); NULL: not limited per key.';
+COMMENT ON COLUMN sturdy.queue.attempts IS
+    'How many of its passes failed (fail, or a lease run out); NULL: none. A take hands it out as attempt attempts + 1; a new row after done starts again.';
+COMMENT ON COLUMN sturdy.queue.last_error IS 'The error its last failed pass gave (fail), at most 1,000 characters.';
+COMMENT ON COLUMN sturdy.queue.last_sqlstate IS 'The SQLSTATE-like code its last failed pass gave with the error (fail''s code), if any.';
+COMMENT ON COLUMN sturdy.queue.failed_at IS
+    'When its last pass failed. With visible_at ''infinity'' the row is dead: it failed its queue''s max_attempts times and is never handed out again (redrive or cancel it).';
+
+-- Failing passes: a queue's retry policy (retry_queue). A queue without a
+-- row here retries as retry_queue's defaults say: 25 attempts, 1 s doubled
+-- each failure up to 1 h, 10% jitter (docs/reference.md, retry_queue).
+CREATE TABLE sturdy.queue_retry (
+    queue        text     COLLATE "C" PRIMARY KEY,
+    max_attempts integer  NOT NULL,
+    backoff      interval NOT NULL,
+    max_backoff  interval NOT NULL,
+    jitter       float8   NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_retry', '');
+COMMENT ON TABLE sturdy.queue_retry IS
+    'Retry policies per queue, set by retry_queue: after a failed pass the row is visible again after a backoff, and dead at max_attempts failures.';
+COMMENT ON COLUMN sturdy.queue_retry.queue IS 'The queue.';
+COMMENT ON COLUMN sturdy.queue_retry.max_attempts IS 'Failures after which a row is dead (never handed out again).';
+COMMENT ON COLUMN sturdy.queue_retry.backoff IS 'The wait after the first failure; doubled after each one after it.';
+COMMENT ON COLUMN sturdy.queue_retry.max_backoff IS 'The longest wait after a failure.';
+COMMENT ON COLUMN sturdy.queue_retry.jitter IS 'Each wait is moved by up to this fraction of it, either way, at random.';
 
 -- A signal, never advanced: a transaction that schedules a row with a
 -- priority sends a relcache invalidation of this relation, delivered to
@@ -193,7 +225,7 @@ COMMENT ON COLUMN sturdy.queue_key_places.workflow IS 'The workflow whose pass h
 COMMENT ON COLUMN sturdy.queue_key_places.receipt IS 'That pass''s receipt: the place is free again once it has passed.';
 
 CREATE VIEW sturdy.queue_stats WITH (security_invoker = true) AS
-SELECT s.*,
+SELECT s.queue, s.ready, s.leased, s.sleeping, s.oldest_ready_age,
        COALESCE(l.paused, false) AS paused, l.running, l.per_key, l.per_second, l.burst,
        CASE WHEN l.queue IS NULL THEN 0::bigint
             WHEN l.paused THEN s.ready
@@ -223,15 +255,18 @@ SELECT s.*,
                                       AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now())
                                     GROUP BY q.key) r
                             WHERE l.per_key IS NOT NULL))
-       END AS held_back
+       END AS held_back,
+       s.failing, s.dead
   FROM (SELECT queue,
                count(*) FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now())) AS ready,
                count(*) FILTER (WHERE leased_until > now())                                                     AS leased,
-               count(*) FILTER (WHERE visible_at > now())                                                       AS sleeping,
+               count(*) FILTER (WHERE visible_at > now() AND visible_at < 'infinity')                           AS sleeping,
                now() - min(GREATEST(visible_at, leased_until))
-                        FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age
+                        FILTER (WHERE visible_at <= now() AND (leased_until IS NULL OR leased_until <= now()))  AS oldest_ready_age,
+               count(*) FILTER (WHERE attempts > 0 AND visible_at < 'infinity')                                 AS failing,
+               count(*) FILTER (WHERE visible_at = 'infinity')                                                  AS dead
           FROM sturdy.queue
          GROUP BY queue) s
   LEFT JOIN sturdy.queue_limits l ON l.queue OPERATOR(pg_catalog.=) s.queue;
 COMMENT ON VIEW sturdy.queue_stats IS
-    'Per queue: rows ready now, leased by a taker, sleeping until a deadline, how long the oldest ready row has waited; its limits (limit_queue, pause), and how many ready rows a limit holds back right now.';
+    'Per queue: rows ready now, leased by a taker, sleeping until a deadline, how long the oldest ready row has waited; its limits (limit_queue, pause), and how many ready rows a limit holds back right now; rows whose last pass failed and will be retried (failing) and rows that failed max_attempts times (dead).';

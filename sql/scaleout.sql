@@ -6,7 +6,8 @@
 -- - by workflow, colocated: claims, checkpoints. A claim, its checkpoints
 --   and every call about one workflow's steps run on the node that holds it;
 -- - by queue, colocated: queue and what limits and wakes a queue
---   (queue_limits, queue_places, queue_key_places, queue_waiters). A take
+--   (queue_limits, queue_places, queue_key_places, queue_waiters,
+--   queue_retry). A take
 --   addresses one shard, where FOR UPDATE SKIP LOCKED works, and its
 --   limit's places are on the same node;
 -- - on the coordinator, as they are: instances, idempotency_keys, outbox,
@@ -44,7 +45,8 @@ BEGIN
             (4, 'sturdy.queue_limits', 'queue', 'sturdy.queue'),
             (5, 'sturdy.queue_places', 'queue', 'sturdy.queue'),
             (6, 'sturdy.queue_key_places', 'queue', 'sturdy.queue'),
-            (7, 'sturdy.queue_waiters', 'queue', 'sturdy.queue')
+            (7, 'sturdy.queue_waiters', 'queue', 'sturdy.queue'),
+            (8, 'sturdy.queue_retry', 'queue', 'sturdy.queue')
         ) AS placement (n, tab, by_column, colocate_with)
         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
                            WHERE p.logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(placement.tab))

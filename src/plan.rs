@@ -523,7 +523,10 @@ pub fn begin_result(call: &Args) {
 /// Append one row of values read here (a row `access` leased) to the result
 /// of the set-returning function `call`, as [`run_as_set`] appends a
 /// statement's: the values of the declared result columns, in order and of
-/// their types; `None` is NULL. The tuplestore copies them.
+/// their types; `None` is NULL. Values past the declared columns are left
+/// out, as [`run_as_set`] leaves out a statement's: a released version's
+/// schema declares fewer (`take` before its `attempt`). The tuplestore
+/// copies them.
 pub fn append_row(call: &Args, values: &[Option<pg_sys::Datum>]) -> Result<()> {
     begin_result(call);
     let fcinfo = call.fcinfo();
@@ -533,6 +536,7 @@ pub fn append_row(call: &Args, values: &[Option<pg_sys::Datum>]) -> Result<()> {
     unsafe {
         let rsinfo = (*fcinfo).resultinfo as *mut pg_sys::ReturnSetInfo;
         let (store, desc) = ((*rsinfo).setResult, (*rsinfo).setDesc);
+        let values = &values[..values.len().min((*desc).natts as usize)];
         if (*desc).natts as usize != values.len() {
             return Err(Error::Internal {
                 context: "set-returning function",
@@ -689,6 +693,10 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
     };
     let ctes = cte_names(&plain);
     let mut in_set = false;
+    // parentheses open, and how many were when the SET list began: a
+    // subquery inside an assignment (its FROM, its WHERE) does not end it
+    let mut depth = 0usize;
+    let mut set_depth = 0usize;
     // the word before the one being read, upper-cased
     let mut previous = String::new();
     let mut i = 0;
@@ -721,8 +729,11 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
             let w = word_at(i);
             let upper = w.to_uppercase();
             match upper.as_str() {
-                "SET" => in_set = true,
-                "WHERE" | "RETURNING" | "FROM" => in_set = false,
+                "SET" => {
+                    in_set = true;
+                    set_depth = depth;
+                }
+                "WHERE" | "RETURNING" | "FROM" if depth <= set_depth => in_set = false,
                 _ => {}
             }
             // the relation after FROM, JOIN, INTO, UPDATE (not `FOR UPDATE`,
@@ -759,6 +770,11 @@ pub fn lint(sql: &str) -> std::result::Result<(), String> {
             previous = upper;
             i += w.len();
         } else {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
             i += c.len_utf8();
         }
     }
@@ -796,6 +812,14 @@ mod tests {
               WHERE q.workflow OPERATOR(pg_catalog.=) d.w",
         )
         .unwrap();
+        // a subquery inside an assignment does not end the SET list
+        lint(
+            "UPDATE sturdy.queue q SET a = COALESCE((SELECT r.x FROM sturdy.queue_retry r
+                                                     WHERE r.queue OPERATOR(pg_catalog.=) $1), 1),
+                                       b = 2
+              WHERE q.queue OPERATOR(pg_catalog.=) $1",
+        )
+        .unwrap();
     }
 
     #[test]
@@ -809,6 +833,8 @@ mod tests {
             "SELECT a + 1",
             "UPDATE sturdy.queue SET a = 1, b = 2 WHERE c = 3",
             "UPDATE sturdy.queue SET a = (b = c)",
+            "UPDATE sturdy.queue SET a = (SELECT 1 FROM sturdy.claims WHERE x = 1)",
+            "UPDATE sturdy.queue SET a = (SELECT 1 FROM sturdy.claims), b = 1 WHERE c = 1",
             "SELECT 1 FROM queue",
             "DELETE FROM claims",
             "UPDATE queue SET a = 1",

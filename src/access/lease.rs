@@ -11,6 +11,8 @@ pub struct Leased {
     pub place: (pg_sys::TimestampTz, i64),
     /// Where the new row version lives (see [`Opened::delete_at_if`]).
     pub tid: pg_sys::ItemPointerData,
+    /// Its `attempts` column (failed passes; `None` where NULL, none).
+    pub attempts: Option<i32>,
 }
 
 /// What a take's gate says of a due row (see [`Admitting`]).
@@ -47,6 +49,8 @@ pub struct LeaseColumns {
     pub takes: Col,
     /// Returned.
     pub key: Col,
+    /// Returned (an `integer`: the passes that failed).
+    pub attempts: Col,
 }
 
 /// How many entries of its queue a take's scan reads before it stops and is
@@ -162,6 +166,7 @@ impl Opened {
             now,
             group,
             stopped: Cell::new(false),
+            lapsed: Cell::new(false),
         };
         // SAFETY: inside a transaction, with the table open for writing (we
         // hold `rel`); everything begun here (the index opened, the
@@ -186,6 +191,9 @@ impl Opened {
                     let Some(place) = lease.due_place(found) else {
                         continue;
                     };
+                    if lease.lapsed_at(found) {
+                        break;
+                    }
                     // The lease written at once on the version found, where
                     // no one holds it and no one changed it since our
                     // snapshot (a lock first, the way below, was a record of
@@ -206,17 +214,20 @@ impl Opened {
                             }
                         };
                     let Some((version, place)) = written else {
-                        if lease.stopped.get() {
+                        if lease.stopped.get() || lease.lapsed.get() {
                             break;
                         }
                         continue;
                     };
                     // (the key is NOT NULL)
                     let key = slot_value(version, cols.key).unwrap_or(pg_sys::Datum::from(0));
+                    let attempts =
+                        slot_value(version, cols.attempts).map(|d| d.value() as i32);
                     leased(Leased {
                         key,
                         place,
                         tid: (*version).tts_tid,
+                        attempts,
                     });
                     pg_sys::ExecDropSingleTupleTableSlot(version);
                     return Ok(true);
@@ -228,7 +239,8 @@ impl Opened {
             pg_sys::ExecDropSingleTupleTableSlot(locked);
             pg_sys::UnregisterSnapshot(snapshot);
             count_served();
-            outcome.map(Some)
+            // a failed pass met: nothing leased, the statement to run
+            outcome.map(|leased| (!lease.lapsed.get()).then_some(leased))
         }
     }
 
@@ -245,7 +257,7 @@ impl Opened {
                 pg_sys::TIMESTAMPTZOID,
             )
             || !typed(&[c.seq], pg_sys::INT8OID)
-            || !typed(&[c.takes], pg_sys::INT4OID)
+            || !typed(&[c.takes, c.attempts], pg_sys::INT4OID)
         {
             return None;
         }
@@ -261,6 +273,7 @@ impl Opened {
                 taken_at: at(c.taken_at),
                 takes: at(c.takes),
                 key: at(c.key),
+                attempts: at(c.attempts),
             },
         ))
     }
@@ -276,6 +289,7 @@ struct Attnums {
     taken_at: pg_sys::AttrNumber,
     takes: pg_sys::AttrNumber,
     key: pg_sys::AttrNumber,
+    attempts: pg_sys::AttrNumber,
 }
 
 /// One `lease_first`: what it leases and how, for its steps.
@@ -292,6 +306,9 @@ struct Lease<'a> {
     group: Option<pg_sys::AttrNumber>,
     /// The gate said [`Admit::Stop`].
     stopped: Cell<bool>,
+    /// The scan met a due row whose lease ran out: a failed pass, which the
+    /// take's statement counts (its attempt, its backoff), not this.
+    lapsed: Cell<bool>,
 }
 
 /// What [`Lease::write_if_free`] did.
@@ -338,6 +355,20 @@ impl Lease<'_> {
     ///
     /// # Safety
     /// `slot` holds a version of the table (the scan's or the lock's).
+    /// Whether the due row in `slot` is one whose lease ran out (noted in
+    /// `lapsed`): its pass failed, and counting that is the statement's.
+    ///
+    /// # Safety
+    /// As [`Lease::due_place`].
+    unsafe fn lapsed_at(&self, slot: *mut pg_sys::TupleTableSlot) -> bool {
+        // SAFETY: as in `due_place`
+        let lapsed = unsafe { timestamptz(slot, self.cols.leased_until).is_some() };
+        if lapsed {
+            self.lapsed.set(true);
+        }
+        lapsed
+    }
+
     unsafe fn due_place(
         &self,
         slot: *mut pg_sys::TupleTableSlot,
@@ -449,6 +480,9 @@ impl Lease<'_> {
             let Some(place) = self.due_place(locked) else {
                 return Ok(None);
             };
+            if self.lapsed_at(locked) {
+                return Ok(None);
+            }
             if !same_text(locked, self.cols.queue, self.queue)
                 || !self.admits(locked, place, admit)?
             {

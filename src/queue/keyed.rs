@@ -79,10 +79,10 @@ macro_rules! head {
 /// the default level read from the place (`$5`, `$6`) on, `$7` the
 /// per-key limit, `$8` whether the queue settles (`limits::settle`). Returns each row
 /// leased (workflow, receipt); a row with a key and nothing else for each
-/// key met without places; a row with `true` in the fifth column for each
+/// key met without places; a row with `true` in the sixth column for each
 /// row locked with a place but not leased (see the take statements in
-/// `sql.rs`: run again); and a row with the place of [`head`] in the sixth
-/// and seventh, where there is one.
+/// `sql.rs`: run again); and a row with the place of [`head`] in the seventh
+/// and eighth, where there is one. The fourth is take's `attempt`.
 static TAKE_KEYED: Statement = Statement {
     sql: concat!(
         super::priority::levels!(),
@@ -155,27 +155,32 @@ static TAKE_KEYED: Statement = Statement {
                WHERE a.key IS NULL OR p.places[a.nth] IS NOT NULL),
           taken AS (
               UPDATE sturdy.queue AS q
-                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
+                 ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM go))
-              RETURNING q.workflow, q.leased_until AS receipt),
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
+                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
                 FROM taken t JOIN go g ON g.workflow OPERATOR(pg_catalog.=) t.workflow
-               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
+               WHERE t.receipt IS NOT NULL
+                 AND p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false,
-                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8 FROM taken t
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, NULL::pg_catalog.text, false,
+                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text
+            FROM taken t WHERE t.receipt IS NOT NULL
           UNION ALL
-          SELECT NULL, NULL, NULL, k.key, false, NULL, NULL
+          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, t.workflow FROM taken t WHERE t.dead
+          UNION ALL
+          SELECT NULL, NULL, NULL, NULL, k.key, false, NULL, NULL, NULL
             FROM (SELECT DISTINCT key FROM locked WHERE key IS NOT NULL) k
            WHERE NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) k.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, true, NULL, NULL FROM go g
-           WHERE NOT EXISTS (SELECT FROM taken t WHERE t.workflow OPERATOR(pg_catalog.=) g.workflow)
+          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL FROM go g
+           WHERE NOT EXISTS (SELECT FROM taken t WHERE t.workflow OPERATOR(pg_catalog.=) g.workflow
+                                                   AND t.receipt IS NOT NULL)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, false, h.visible_at, h.seq FROM head h"
+          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
@@ -240,26 +245,31 @@ static TAKE_KEYED_ONE: Statement = Statement {
                WHERE c.key IS NULL OR EXISTS (SELECT FROM place)),
           taken AS (
               UPDATE sturdy.queue AS q
-                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
+                 ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM go)
-              RETURNING q.workflow, q.leased_until AS receipt),
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
+                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
                 FROM taken t, go g
-               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
+               WHERE t.receipt IS NOT NULL
+                 AND p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, NULL::pg_catalog.text, false,
-                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8 FROM taken t
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, NULL::pg_catalog.text, false,
+                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text
+            FROM taken t WHERE t.receipt IS NOT NULL
           UNION ALL
-          SELECT NULL, NULL, NULL, c.key, false, NULL, NULL FROM cand c
+          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, t.workflow FROM taken t WHERE t.dead
+          UNION ALL
+          SELECT NULL, NULL, NULL, NULL, c.key, false, NULL, NULL, NULL FROM cand c
            WHERE c.key IS NOT NULL
              AND NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, true, NULL, NULL FROM go g WHERE NOT EXISTS (SELECT FROM taken)
+          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL FROM go g
+           WHERE NOT EXISTS (SELECT FROM taken WHERE receipt IS NOT NULL)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, false, h.visible_at, h.seq FROM head h"
+          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
@@ -332,7 +342,7 @@ pub(super) fn take_from(
         } else {
             &TAKE_KEYED
         };
-        let (leased, placeless, missed, head) = plan::run_rows(
+        let (leased, placeless, missed, head, dead) = plan::run_rows(
             stmt,
             &[
                 queue.into(),
@@ -347,15 +357,16 @@ pub(super) fn take_from(
             |r| {
                 let leased = leased(&r);
                 let placeless: Vec<Option<Text>> = (0..r.len())
-                    .filter_map(|i| r.text_bytes(i, 4).map(|k| Some(Text::from_bytes(k))))
+                    .filter_map(|i| r.text_bytes(i, 5).map(|k| Some(Text::from_bytes(k))))
                     .collect();
-                let missed = (0..r.len()).any(|i| r.get::<bool>(i, 5) == Some(true));
+                let missed = (0..r.len()).any(|i| r.get::<bool>(i, 6) == Some(true));
                 let head = (0..r.len())
-                    .filter_map(|i| Some((r.timestamptz(i, 6)?, r.get::<i64>(i, 7)?)))
+                    .filter_map(|i| Some((r.timestamptz(i, 7)?, r.get::<i64>(i, 8)?)))
                     .min();
-                Ok((leased, placeless, missed, head))
+                Ok((leased, placeless, missed, head, died(&r, 9)))
             },
         )?;
+        instances_failed(&dead)?;
         hand.out(call, &leased, lease)?;
         taken.rows += leased.len();
         taken.oldest = earlier(taken.oldest, head);

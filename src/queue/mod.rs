@@ -59,6 +59,7 @@ use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, time_param};
 
 mod done;
+mod fail;
 mod floor;
 mod keyed;
 mod limits;
@@ -75,9 +76,11 @@ mod wakeups;
 #[pgrx::pg_schema]
 mod tests {
     include!("tests.rs");
+    include!("fail_tests.rs");
 }
 
 pub(crate) use done::{Removal, remove as remove_done};
+use fail::{died, instances_failed};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
 pub(crate) use limits::{ended, freed};
@@ -103,6 +106,7 @@ static QUEUE: access::Table = access::Table::new(
         c"scheduled_at",
         c"priority",
         c"key",
+        c"attempts",
     ],
 );
 const Q_QUEUE: access::Col = access::Col(0);
@@ -115,6 +119,7 @@ const Q_TAKES: access::Col = access::Col(6);
 const Q_SCHEDULED_AT: access::Col = access::Col(7);
 const Q_PRIORITY: access::Col = access::Col(8);
 const Q_KEY: access::Col = access::Col(9);
+const Q_ATTEMPTS: access::Col = access::Col(10);
 
 static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
     queue: Q_QUEUE,
@@ -124,4 +129,5 @@ static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
     taken_at: Q_TAKEN_AT,
     takes: Q_TAKES,
     key: Q_WORKFLOW,
+    attempts: Q_ATTEMPTS,
 };

@@ -144,11 +144,12 @@ static TAKE_PRIORITIZED: Statement = Statement {
                LIMIT $3),
           taken AS (
               UPDATE sturdy.queue AS q
-                 SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
-                     takes = q.takes OPERATOR(pg_catalog.+) 1
+                 ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.leased_until AS receipt)
-          SELECT t.workflow, t.receipt, (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
+                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead)
+          SELECT CASE WHEN t.receipt IS NOT NULL THEN t.workflow END, t.receipt, NULL::pg_catalog.int8, t.attempt,
+                 (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL, CASE WHEN t.dead THEN t.workflow END
             FROM (SELECT) one
             LEFT JOIN (due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow) ON true"
     ),
@@ -176,7 +177,7 @@ pub(super) fn take(
     let due = pgrx::datum::now();
     let mut handed = 0;
     for _ in 0..TAKE_ATTEMPTS {
-        let (leased, missed, any) = plan::run_rows(
+        let (leased, missed, any, dead) = plan::run_rows(
             &TAKE_PRIORITIZED,
             &[
                 queue.into(),
@@ -186,13 +187,14 @@ pub(super) fn take(
             ],
             |r| {
                 let leased = leased(&r);
-                let any = !r.is_empty() && r.get::<bool>(0, 3).unwrap_or(false);
+                let any = !r.is_empty() && r.get::<bool>(0, 5).unwrap_or(false);
                 // a row of `due` the update did not lease
                 let missed = (0..r.len())
-                    .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 4) == Some(true));
-                Ok((leased, missed, any))
+                    .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 6) == Some(true));
+                Ok((leased, missed, any, died(&r, 7)))
             },
         )?;
+        instances_failed(&dead)?;
         found(queue, mark, any);
         hand.out(call, &leased, lease)?;
         handed += leased.len();

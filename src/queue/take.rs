@@ -73,7 +73,7 @@ thread_local! {
     pub(super) static ONE_BY_TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Remember the rows a batch take statement leased (columns 1, 2 and 6).
+/// Remember the rows a batch take statement leased (columns 1, 2 and 7).
 pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
     LEASED.with(|l| {
         let mut leased = l.borrow_mut();
@@ -84,7 +84,7 @@ pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
         });
         for i in 0..r.len() {
             let (Some(workflow), Some(receipt), Some(tid)) =
-                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 6))
+                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 7))
             else {
                 continue;
             };
@@ -101,15 +101,30 @@ pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
 /// new token, `None` where someone still holds the claim.
 pub(crate) type Claim = fn(Name, Interval) -> Result<Option<i64>>;
 
-/// The rows a take handed out: each workflow and its receipt.
-pub(super) type Handed = Vec<(Vec<u8>, pg_sys::TimestampTz)>;
+/// The rows a take handed out: each workflow, its receipt and the
+/// `attempts` of its row (the passes that failed; `None`: none).
+pub(super) type Handed = Vec<(Vec<u8>, pg_sys::TimestampTz, Option<i32>)>;
+
+/// The rows a take leased that a limit counts: each workflow and its
+/// receipt.
+pub(super) type Kept = Vec<(Vec<u8>, pg_sys::TimestampTz)>;
 
 /// The rows a take statement leased: its rows with a workflow and a
-/// receipt (columns 1 and 2; a row it locked but missed has neither).
+/// receipt (columns 1 and 2; a row it locked but missed has neither), and
+/// which attempt each is (column 4).
 pub(super) fn leased(r: &plan::Rows) -> Handed {
     (0..r.len())
-        .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
+        .filter_map(|i| {
+            let attempts = r.get::<i32>(i, 4).map(|a| a - 1).filter(|&a| a > 0);
+            Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?, attempts))
+        })
         .collect()
+}
+
+/// take's `attempt` column for a row with `attempts` failed passes: this
+/// pass is the next.
+pub(super) fn attempt(attempts: Option<i32>) -> Option<pg_sys::Datum> {
+    Some(pg_sys::Datum::from(attempts.unwrap_or(0).saturating_add(1)))
 }
 
 /// What a take does with each row it leases, besides returning it.
@@ -119,14 +134,14 @@ pub(super) struct Hand<'a> {
     pub(super) claim: Option<Claim>,
     /// Keep its workflow and receipt (a limited queue's places and bucket,
     /// `limits::close`).
-    pub(super) kept: Option<&'a RefCell<Handed>>,
+    pub(super) kept: Option<&'a RefCell<Kept>>,
 }
 
 impl Hand<'_> {
     /// Hand out the rows a statement leased (workflow, receipt): each as
     /// the hand asks, appended to the result of `call`.
     pub(super) fn out(&self, call: &Args, leased: &Handed, lease: Interval) -> Result<()> {
-        for (workflow, receipt) in leased {
+        for (workflow, receipt, attempts) in leased {
             let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
             let token = self.each(workflow, *receipt, lease)?;
             plan::append_row(
@@ -135,6 +150,7 @@ impl Hand<'_> {
                     workflow.into_datum(),
                     Some(pg_sys::Datum::from(*receipt)),
                     token.map(pg_sys::Datum::from),
+                    attempt(*attempts),
                 ],
             )?;
         }
@@ -184,17 +200,19 @@ pub(super) fn take_from(
         rows: 0,
         oldest: None,
     };
-    // what a run tells besides its rows: the oldest place it locked, and
-    // whether it missed a row (locked but not leased)
+    // what a run tells besides its rows: the oldest place it locked,
+    // whether it missed a row (locked but not leased: also a row whose
+    // lease ran out, its failure counted instead), and the rows that died
+    // so (the last column)
     let seen = |r: &plan::Rows| {
         if batch {
             lease_rows(queue, r);
         }
         let oldest = (0..r.len())
-            .filter_map(|i| Some((r.timestamptz(i, 4)?, r.get::<i64>(i, 5)?)))
+            .filter_map(|i| Some((r.timestamptz(i, 5)?, r.get::<i64>(i, 6)?)))
             .min();
         let missed = (0..r.len()).any(|i| r.text_bytes(i, 1).is_none());
-        (oldest, missed)
+        (oldest, missed, died(r, if batch { 8 } else { 7 }))
     };
     for _ in 0..TAKE_ATTEMPTS {
         let left = max - taken.rows as i64;
@@ -206,7 +224,7 @@ pub(super) fn take_from(
             from.1.into(),
             due.into(),
         ];
-        let (rows, (oldest, missed)) = match hand {
+        let (rows, (oldest, missed, dead)) = match hand {
             Hand {
                 claim: None,
                 kept: None,
@@ -221,6 +239,7 @@ pub(super) fn take_from(
                 (leased.len(), seen)
             }
         };
+        instances_failed(&dead)?;
         taken.rows += rows;
         taken.oldest = earlier(taken.oldest, oldest);
         if !missed || taken.rows as i64 >= max {
@@ -260,13 +279,13 @@ pub(super) fn lease_one(
             until,
             now.into(),
             admit,
-            |row| got = Some((Text::copied(row.key), row.place, row.tid)),
+            |row| got = Some((Text::copied(row.key), row.place, row.tid, row.attempts)),
         )
     })?
     else {
         return Ok(None);
     };
-    let Some((workflow, place, tid)) = got.filter(|_| leased) else {
+    let Some((workflow, place, tid, attempts)) = got.filter(|_| leased) else {
         return Ok(Some(Taken {
             rows: 0,
             oldest: None,
@@ -300,6 +319,7 @@ pub(super) fn lease_one(
             workflow.into_datum(),
             Some(pg_sys::Datum::from(until)),
             token.map(pg_sys::Datum::from),
+            attempt(attempts),
         ],
     )?;
     Ok(Some(Taken {

@@ -1,0 +1,216 @@
+// Failing passes: `fail`, `retry_queue` and take's `attempt` (included in
+// `tests`, after tests.rs: its imports and `one` are these tests' too).
+
+/// Take `queue`'s first row into `t` (replacing it): its workflow,
+/// receipt and attempt.
+fn take_into_t(queue: &str) {
+    Spi::run(&format!(
+        "DROP TABLE IF EXISTS t; CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('{queue}', '10 minutes')"
+    ))
+    .unwrap();
+}
+
+fn fail_t(rest: &str) -> Option<bool> {
+    one::<bool>(&format!(
+        "SELECT sturdy.fail(workflow, receipt, 'boom', 'fq'{rest}) FROM t"
+    ))
+}
+
+/// Each failure counts on the row, keeps the error and code, and makes it
+/// visible again after the doubled backoff (capped); at max_attempts it is
+/// dead: never taken again, counted dead, its instance failed with the
+/// error. A stale receipt fails nothing.
+#[pg_test]
+fn fail_backs_off_doubling_up_to_the_cap_and_kills_at_max_attempts() {
+    Spi::run(
+        "SELECT sturdy.retry_queue('fq', max_attempts => 3, backoff => '10 seconds',
+                                   max_backoff => '15 seconds', jitter => 0);
+         SELECT sturdy.start('proc', 'bk', queue => 'fq');
+         UPDATE sturdy.queue SET visible_at = now() - interval '1 minute' WHERE queue = 'fq'",
+    )
+    .unwrap();
+    let row = |what: &str| {
+        one::<String>(&format!(
+            "SELECT ({what})::text FROM sturdy.queue WHERE queue = 'fq'"
+        ))
+    };
+    take_into_t("fq");
+    assert_eq!(one::<i32>("SELECT attempt FROM t"), Some(1));
+    assert_eq!(fail_t(", code => 'AB123'"), Some(true));
+    assert_eq!(
+        row("format('%s %s %s %s %s', attempts, visible_at = now() + interval '10 seconds', leased_until IS NULL, last_error, last_sqlstate)")
+            .as_deref(),
+        Some("1 t t boom AB123")
+    );
+    assert_eq!(fail_t(""), Some(false), "the receipt is spent");
+    assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take('fq')"), Some(0), "backing off");
+
+    Spi::run("UPDATE sturdy.queue SET visible_at = now() - interval '1 second' WHERE queue = 'fq'").unwrap();
+    take_into_t("fq");
+    assert_eq!(one::<i32>("SELECT attempt FROM t"), Some(2));
+    assert_eq!(fail_t(""), Some(true));
+    assert_eq!(
+        row("format('%s %s %s', attempts, visible_at = now() + interval '15 seconds', last_sqlstate IS NULL)").as_deref(),
+        Some("2 t t"),
+        "20 s doubled, 15 s the cap; no code this time"
+    );
+    assert_eq!(
+        one::<String>("SELECT format('%s %s %s', failing, dead, sleeping) FROM sturdy.queue_stats WHERE queue = 'fq'")
+            .as_deref(),
+        Some("1 0 1")
+    );
+
+    Spi::run("UPDATE sturdy.queue SET visible_at = now() - interval '1 second' WHERE queue = 'fq'").unwrap();
+    take_into_t("fq");
+    assert_eq!(one::<i32>("SELECT attempt FROM t"), Some(3));
+    assert_eq!(fail_t(""), Some(true));
+    assert_eq!(row("visible_at = 'infinity'").as_deref(), Some("true"), "dead");
+    assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take('fq')"), Some(0));
+    assert_eq!(
+        one::<String>("SELECT format('%s %s %s', failing, dead, sleeping) FROM sturdy.queue_stats WHERE queue = 'fq'")
+            .as_deref(),
+        Some("0 1 0")
+    );
+    assert_eq!(
+        one::<String>("SELECT format('%s %s %s', status, last_error, finished_at IS NOT NULL) FROM sturdy.instances WHERE business_key = 'bk'")
+            .as_deref(),
+        Some("failed boom t")
+    );
+}
+
+/// `retry_at` overrides the backoff; one already past makes the row
+/// ready now; `done` after `fail` from the same pass finds nothing.
+#[pg_test]
+fn fail_at_a_time_given_and_done_after_fail_is_false() {
+    Spi::run("SELECT sturdy.schedule('w', now() - interval '1 minute', 'fq')").unwrap();
+    take_into_t("fq");
+    assert_eq!(
+        fail_t(", retry_at => now() + interval '1 hour'"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<bool>("SELECT visible_at = now() + interval '1 hour' FROM sturdy.queue WHERE workflow = 'w'"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<bool>("SELECT sturdy.done(workflow, receipt, 'fq') FROM t"),
+        Some(false)
+    );
+    Spi::run("UPDATE sturdy.queue SET visible_at = now() - interval '1 second' WHERE workflow = 'w'").unwrap();
+    take_into_t("fq");
+    assert_eq!(fail_t(", retry_at => now() - interval '5 seconds'"), Some(true));
+    assert_eq!(
+        one::<String>("SELECT string_agg(format('%s %s', workflow, attempt), ',') FROM sturdy.take('fq', max => 5)")
+            .as_deref(),
+        Some("w 3"),
+        "ready at once, as the third attempt"
+    );
+}
+
+/// Without a policy a queue retries as retry_queue's defaults: a second,
+/// doubled, with a tenth of jitter; 25 attempts.
+#[pg_test]
+fn a_queue_without_a_policy_backs_off_a_second_with_jitter() {
+    Spi::run("SELECT sturdy.schedule('w', now() - interval '1 minute', 'nq')").unwrap();
+    take_into_t("nq");
+    assert_eq!(
+        one::<bool>("SELECT sturdy.fail(workflow, receipt, 'x', 'nq') FROM t"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<bool>(
+            "SELECT visible_at BETWEEN now() + interval '0.9 seconds' AND now() + interval '1.1 seconds'
+               FROM sturdy.queue WHERE workflow = 'w'"
+        ),
+        Some(true)
+    );
+    Spi::run("UPDATE sturdy.queue SET attempts = 24, visible_at = now() - interval '1 second' WHERE workflow = 'w'")
+        .unwrap();
+    take_into_t("nq");
+    assert_eq!(one::<i32>("SELECT attempt FROM t"), Some(25));
+    Spi::run("SELECT sturdy.fail(workflow, receipt, 'x', 'nq') FROM t").unwrap();
+    assert_eq!(
+        one::<bool>("SELECT visible_at = 'infinity' FROM sturdy.queue WHERE workflow = 'w'"),
+        Some(true),
+        "dead at the 25th failure"
+    );
+}
+
+/// Every way to take says which attempt it is: the one-row take without a
+/// statement, a batch, with a claim, by priority and under a per-key limit.
+#[pg_test]
+fn every_take_says_which_attempt() {
+    Spi::run(
+        "SELECT sturdy.schedule('a' || i, now() - interval '1 minute', 'aq') FROM generate_series(1, 6) i;
+         UPDATE sturdy.queue SET attempts = 4 WHERE workflow IN ('a2', 'a4', 'a6');
+         SELECT sturdy.schedule('p', now(), 'pq', priority => 3);
+         UPDATE sturdy.queue SET attempts = 2 WHERE workflow = 'p';
+         SELECT sturdy.schedule('k', now(), 'kq', key => 'tenant');
+         UPDATE sturdy.queue SET attempts = 7 WHERE workflow = 'k';
+         SELECT sturdy.limit_queue('kq', per_key => 1)",
+    )
+    .unwrap();
+    let attempts = |sql: &str| one::<String>(&format!("SELECT string_agg(workflow || ':' || attempt, ',' ORDER BY workflow) FROM {sql}"));
+    assert_eq!(attempts("sturdy.take('aq')").as_deref(), Some("a1:1"));
+    assert_eq!(attempts("sturdy.take('aq')").as_deref(), Some("a2:5"));
+    assert_eq!(
+        attempts("sturdy.take('aq', max => 2)").as_deref(),
+        Some("a3:1,a4:5")
+    );
+    assert_eq!(
+        attempts("sturdy.take('aq', max => 2, claim => true)").as_deref(),
+        Some("a5:1,a6:5")
+    );
+    assert_eq!(attempts("sturdy.take('pq')").as_deref(), Some("p:3"));
+    assert_eq!(attempts("sturdy.take('kq', max => 3)").as_deref(), Some("k:8"));
+    // the columns a caller of an earlier version selects still resolve
+    assert_eq!(
+        one::<i64>("SELECT count(*) FROM (SELECT workflow, receipt, token FROM sturdy.take('aq')) x"),
+        Some(0)
+    );
+}
+
+/// Bad input: a class-22 error naming the argument, nothing written.
+#[pg_test]
+fn fail_and_retry_queue_refuse_bad_input() {
+    Spi::run("SELECT sturdy.schedule('w', now() - interval '1 minute', 'fq')").unwrap();
+    take_into_t("fq");
+    for (sql, state) in [
+        ("SELECT sturdy.fail(NULL, receipt, 'e', 'fq') FROM t", "22004"),
+        ("SELECT sturdy.fail(workflow, NULL, 'e', 'fq') FROM t", "22004"),
+        ("SELECT sturdy.fail(workflow, receipt, 'e', NULL) FROM t", "22004"),
+        ("SELECT sturdy.fail(workflow, receipt, 'e', 'fq', code => 'abc') FROM t", "22023"),
+        ("SELECT sturdy.fail(workflow, receipt, 'e', 'fq', code => '123456') FROM t", "22023"),
+        ("SELECT sturdy.fail(workflow, receipt, 'e', 'fq', retry_at => 'infinity') FROM t", "22023"),
+        ("SELECT sturdy.retry_queue('fq', max_attempts => 0)", "22023"),
+        ("SELECT sturdy.retry_queue('fq', max_attempts => 1000001)", "22023"),
+        ("SELECT sturdy.retry_queue('fq', backoff => '-1 second')", "22023"),
+        ("SELECT sturdy.retry_queue('fq', backoff => '1 day -25 hours')", "22023"),
+        ("SELECT sturdy.retry_queue('fq', max_backoff => '2 years')", "22023"),
+        ("SELECT sturdy.retry_queue('fq', jitter => 1.5)", "22023"),
+        ("SELECT sturdy.retry_queue('fq', jitter => -0.1)", "22023"),
+        ("SELECT sturdy.retry_queue('fq', jitter => 'NaN')", "22023"),
+        ("SELECT sturdy.retry_queue(NULL)", "22004"),
+        ("SELECT sturdy.retry_queue('')", "22023"),
+    ] {
+        assert_eq!(sqlstate_of(sql), state, "{sql}");
+    }
+    assert_eq!(count("sturdy.queue_retry"), 0);
+    assert_eq!(
+        one::<bool>("SELECT attempts IS NULL AND leased_until IS NOT NULL FROM sturdy.queue WHERE workflow = 'w'"),
+        Some(true),
+        "nothing written"
+    );
+    // a policy, then NULLs and defaults: back to no row
+    Spi::run("SELECT sturdy.retry_queue('fq', max_attempts => 5)").unwrap();
+    assert_eq!(count("sturdy.queue_retry"), 1);
+    Spi::run("SELECT sturdy.retry_queue('fq', max_attempts => NULL, backoff => NULL, max_backoff => NULL, jitter => NULL)")
+        .unwrap();
+    assert_eq!(count("sturdy.queue_retry"), 0);
+    // a long error is cut to its first 1,000 characters
+    Spi::run("SELECT sturdy.fail(workflow, receipt, repeat('é', 5000), 'fq') FROM t").unwrap();
+    assert_eq!(
+        one::<i32>("SELECT length(last_error) FROM sturdy.queue WHERE workflow = 'w'"),
+        Some(1000)
+    );
+}
