@@ -129,7 +129,7 @@ def first(name, col):
 
 def expire(queue="q"):
     """Every lease of `queue` run out, by a statement on both sides."""
-    return ("admin", [f"UPDATE sturdy.queue SET leased_until = now() - interval '1 second' WHERE queue = '{queue}'"])
+    return ("admin", [f"UPDATE sturdy.queue SET leased_until = now() - interval '1 hour' WHERE queue = '{queue}'"])
 
 
 BASE = [

@@ -75,10 +75,10 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("release", "SELECT sturdy.release('pooled-w', %s)", token) == (True,)
     call("schedule", "SELECT sturdy.schedule('pooled-q1', now(), 'pooled')")
     call("schedule", "SELECT sturdy.schedule('pooled-q2', now(), 'pooled')")
-    w, receipt, tok = call("take", "SELECT * FROM sturdy.take('pooled', '1 minute', 1, true)")
+    w, receipt, tok = call("take", "SELECT workflow, receipt, token FROM sturdy.take('pooled', '1 minute', 1, true)")
     assert (w, tok is not None) == ("pooled-q1", True)
     assert call("wake_at", "SELECT sturdy.wake_at(%s, %s, now() + interval '1 hour', 'pooled')", w, receipt) == (True,)
-    w2, receipt2, _ = call("take", "SELECT * FROM sturdy.take('pooled')")
+    w2, receipt2, _ = call("take", "SELECT workflow, receipt, token FROM sturdy.take('pooled')")
     assert w2 == "pooled-q2"
     assert call("done", "SELECT sturdy.done(%s, %s, 'pooled')", w2, receipt2) == (True,)
     call("schedule", "SELECT sturdy.schedule('pooled-q3', now(), 'pooled')")
@@ -86,8 +86,17 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert [r[0] for r in rows] == ["pooled-q3"]
     assert call("done_many", "SELECT sturdy.done_many(%s, %s, 'pooled')",
                 [r[0] for r in rows], [r[1] for r in rows]) == (1,)
+    call("retry_queue", "SELECT sturdy.retry_queue('pooled', max_attempts => 1)")
+    call("schedule", "SELECT sturdy.schedule('pooled-f', now(), 'pooled')")
+    wf, receiptf, attempt = call("take", "SELECT workflow, receipt, attempt FROM sturdy.take('pooled')")
+    assert (wf, attempt) == ("pooled-f", 1)
+    assert call("fail", "SELECT sturdy.fail(%s, %s, 'no', 'pooled', code => 'P0001')", wf, receiptf) == (True,)
+    assert one("SELECT visible_at = 'infinity', last_sqlstate FROM sturdy.queue WHERE workflow = 'pooled-f'") \
+        == (True, "P0001"), "dead at its one attempt"
+    next(turn).execute("DELETE FROM sturdy.queue WHERE workflow = 'pooled-f'")
+    call("retry_queue", "SELECT sturdy.retry_queue('pooled')")
     assert call("arrive", "SELECT sturdy.arrive('pooled-a', 'ok', '{\"v\": 1}', 'pooled')") == ({"v": 1},)
-    w3, receipt3, token3 = call("take", "SELECT * FROM sturdy.take('pooled', claim => true)")
+    w3, receipt3, token3 = call("take", "SELECT workflow, receipt, token FROM sturdy.take('pooled', claim => true)")
     assert w3 == "pooled-a"
     assert call("finish", "SELECT sturdy.finish(%s, %s, %s, 'end', '{\"e\": 1}', queue => 'pooled')",
                 w3, token3, receipt3) == (True,)
@@ -176,7 +185,7 @@ def test_a_wakeup_during_a_pass_survives_through_the_pooler(bouncer):
     a, b = bouncer.connect(), bouncer.connect()
     a.execute("DELETE FROM sturdy.queue WHERE queue = 'pooled-wake'")
     a.execute("SELECT sturdy.schedule('pw', now(), 'pooled-wake')")
-    w, receipt, _ = a.execute("SELECT * FROM sturdy.take('pooled-wake')").fetchone()
+    w, receipt, _ = a.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-wake')").fetchone()
     b.execute("SELECT sturdy.arrive('pw', 'mail', '{}', 'pooled-wake')")
     assert a.execute("SELECT sturdy.done(%s, %s, 'pooled-wake')", (w, receipt)).fetchone() == (False,)
     assert b.execute("SELECT workflow FROM sturdy.take('pooled-wake')").fetchone() == ("pw",)
@@ -262,7 +271,7 @@ def test_a_floor_left_by_another_clients_take_hides_no_row(bouncer):
     a.execute("SELECT sturdy.schedule('pf-' || i, now() - interval '1 minute', 'pooled-floor')"
               " FROM generate_series(1, 20) i")
     for _ in range(20):
-        w, receipt, _ = a.execute("SELECT * FROM sturdy.take('pooled-floor')").fetchone()
+        w, receipt, _ = a.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-floor')").fetchone()
         a.execute("SELECT sturdy.done(%s, %s, 'pooled-floor')", (w, receipt))
     b.execute("SELECT sturdy.schedule('pf-early', now() - interval '1 hour', 'pooled-floor')")
     assert backend_of(c) == pid
@@ -280,7 +289,7 @@ def test_the_idle_mark_is_read_again_for_the_next_client(bouncer):
     a, c = bouncer.connect(ONE_BACKEND), bouncer.connect(ONE_BACKEND)
     a.execute("DELETE FROM sturdy.queue WHERE queue = 'pooled-mark'")
     c.execute("SELECT sturdy.schedule('pm-1', now(), 'pooled-mark')")
-    w, receipt, _ = a.execute("SELECT * FROM sturdy.take('pooled-mark')").fetchone()
+    w, receipt, _ = a.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-mark')").fetchone()
     a.execute("SELECT sturdy.done(%s, %s, 'pooled-mark')", (w, receipt))
     wait_notifies(listener, 0.2)
     assert a.execute("SELECT count(*) FROM sturdy.take('pooled-mark')").fetchone() == (0,)  # marks
@@ -300,7 +309,7 @@ def test_a_queue_found_without_priorities_is_looked_at_again_for_the_next_client
     a.execute("DELETE FROM sturdy.queue WHERE queue = 'pooled-prio'")
     a.execute("SELECT sturdy.schedule('pp-' || i, now() - interval '1 minute', 'pooled-prio')"
               " FROM generate_series(1, 5) i")
-    w, receipt, _ = a.execute("SELECT * FROM sturdy.take('pooled-prio')").fetchone()
+    w, receipt, _ = a.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-prio')").fetchone()
     a.execute("SELECT sturdy.done(%s, %s, 'pooled-prio')", (w, receipt))
     with connect() as other:
         other.execute("SELECT sturdy.schedule('pp-urgent', now(), 'pooled-prio', priority => 3)")
@@ -318,10 +327,10 @@ def test_the_last_takes_row_is_only_a_shortcut_for_the_next_client(bouncer):
     a, b, c = (bouncer.connect(ONE_BACKEND) for _ in range(3))
     a.execute("DELETE FROM sturdy.queue WHERE queue = 'pooled-tid'")
     a.execute("SELECT sturdy.schedule('pt', now(), 'pooled-tid')")
-    w, receipt, _ = a.execute("SELECT * FROM sturdy.take('pooled-tid')").fetchone()
+    w, receipt, _ = a.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-tid')").fetchone()
     b.execute("SELECT sturdy.schedule('pt', now(), 'pooled-tid')")
     assert c.execute("SELECT sturdy.done(%s, %s, 'pooled-tid')", (w, receipt)).fetchone() == (False,)
-    w2, receipt2, _ = b.execute("SELECT * FROM sturdy.take('pooled-tid')").fetchone()
+    w2, receipt2, _ = b.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-tid')").fetchone()
     assert c.execute("SELECT sturdy.done(%s, %s, 'pooled-tid')", (w2, receipt2)).fetchone() == (True,)
     for x in (a, b, c):
         x.close()
@@ -376,7 +385,7 @@ def test_a_search_path_one_client_leaves_on_a_backend_changes_no_answer(bouncer)
     assert b.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'pooled-sp'").fetchone()[0] > 0
     assert b.execute("SELECT count(*) FROM sturdy.take('pooled-sp')").fetchone() == (0,)
     b.execute("SELECT sturdy.schedule('sp', now(), 'pooled-sp')")
-    w, receipt, _ = b.execute("SELECT * FROM sturdy.take('pooled-sp')").fetchone()
+    w, receipt, _ = b.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-sp')").fetchone()
     assert w == "sp"
     # with the leaked '=' comparing queues, this done would remove sp
     assert b.execute("SELECT sturdy.done('sp', %s, 'pooled-sp2')", (receipt,)).fetchone() == (False,)
@@ -403,7 +412,7 @@ def test_a_poller_that_cannot_listen_asks_for_no_notify(bouncer):
             assert poller.execute("SELECT count(*) FROM sturdy.take('pooled-poll', wake => %s)",
                                   (wake,)).fetchone() == (0,)
             producer.execute("SELECT sturdy.schedule(%s, now(), 'pooled-poll')", (f"pp-{wake}-{i}",))
-            w, receipt, _ = poller.execute("SELECT * FROM sturdy.take('pooled-poll', wake => %s)", (wake,)).fetchone()
+            w, receipt, _ = poller.execute("SELECT workflow, receipt, token FROM sturdy.take('pooled-poll', wake => %s)", (wake,)).fetchone()
             poller.execute("SELECT sturdy.done(%s, %s, 'pooled-poll')", (w, receipt))
             time.sleep(0.02)
         notified[wake] = len([n for n in wait_notifies(listener, 1) if n == ("sturdy", "pooled-poll")])

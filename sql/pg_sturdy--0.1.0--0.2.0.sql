@@ -220,8 +220,9 @@ BEGIN
     LOOP
         EXECUTE pg_catalog.format('GRANT USAGE, SELECT ON SEQUENCE sturdy.queue_generation, sturdy.queue_idle, sturdy.queue_seq, sturdy.queue_priorities TO %I',
                                   role);
-        -- every take reads the queue's limits, a limited one writes them
-        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON sturdy.queue_limits, sturdy.queue_places, sturdy.queue_key_places TO %I',
+        -- every take reads the queue's limits (a limited one writes them)
+        -- and its retry policy (retry_queue writes that)
+        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON sturdy.queue_limits, sturdy.queue_places, sturdy.queue_key_places, sturdy.queue_retry TO %I',
                                   role);
     END LOOP;
 END $$;

@@ -163,7 +163,7 @@ def test_a_wakeup_during_a_pass_outlives_its_done_and_a_stale_receipt_does_nothi
 def test_take_with_claim_issues_a_token_that_fences_and_finish_ends_the_pass():
     with connect() as c:
         c.execute("SELECT sturdy.schedule('tc-1', now(), 'claimed')")
-        (w, receipt, token) = c.execute("SELECT * FROM sturdy.take('claimed', claim => true)").fetchone()
+        (w, receipt, token) = c.execute("SELECT workflow, receipt, token FROM sturdy.take('claimed', claim => true)").fetchone()
         assert token is not None
         assert sqlstate_of(c, "SELECT sturdy.record('tc-1', 's', '1', %s)", (token - 1,)) == "SD001"
         assert c.execute(
@@ -409,7 +409,7 @@ def test_an_update_on_the_coordinator_then_distribute_and_the_calls_work():
         c.execute("SELECT sturdy.record('up-1', 's', '1', 1)")
         assert c.execute("SELECT sturdy.release('up-1', 1)").fetchone() == (True,)
         c.execute("SELECT sturdy.schedule('up-1', now(), 'upq')")
-        (w, receipt, token) = c.execute("SELECT * FROM sturdy.take('upq', claim => true)").fetchone()
+        (w, receipt, token) = c.execute("SELECT workflow, receipt, token FROM sturdy.take('upq', claim => true)").fetchone()
         assert (w, token) == ("up-1", 2)
         assert c.execute("SELECT sturdy.finish('up-1', 2, %s, queue => 'upq')", (receipt,)).fetchone() == (True,)
         assert c.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'sturdy.%'"
@@ -491,8 +491,25 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         (w, r) = c.execute("SELECT workflow, receipt FROM sturdy.take('every-q')").fetchone()
         assert call("wake_at", "SELECT sturdy.wake_at(%s, %s, now() + interval '1 hour', 'every-q')", w, r) == (True,)
         assert call("arrive", "SELECT sturdy.arrive(%s, 'approved', 'true', 'every-q')", w) == (True,)
-        (w, r, t) = c.execute("SELECT * FROM sturdy.take('every-q', claim => true)").fetchone()
+        (w, r, t) = c.execute("SELECT workflow, receipt, token FROM sturdy.take('every-q', claim => true)").fetchone()
         assert call("finish", "SELECT sturdy.finish(%s, %s, %s, 'end', '1', queue => 'every-q')", w, t, r) == (True,)
+        # a failing pass on a distributed queue: the policy on the queue's
+        # shard, the row dead at its second failure (the first by fail, the
+        # second a lease that ran out), its instance failed on the coordinator
+        call("retry_queue", "SELECT sturdy.retry_queue('every-fq', max_attempts => 2, backoff => '0 seconds')")
+        c.execute("SELECT sturdy.start('every-f', 'every-fbk', '{}', NULL, 'every-fq')")
+        (w, r, a) = c.execute("SELECT workflow, receipt, attempt FROM sturdy.take('every-fq')").fetchone()
+        assert a == 1
+        assert call("fail", "SELECT sturdy.fail(%s, %s, 'no', 'every-fq', code => 'P0001')", w, r) == (True,)
+        (w, r, a) = c.execute("SELECT workflow, receipt, attempt FROM sturdy.take('every-fq', '10 milliseconds')").fetchone()
+        assert a == 2
+        time.sleep(0.05)
+        assert c.execute("SELECT count(*) FROM sturdy.take('every-fq')").fetchone() == (0,)
+        assert c.execute("SELECT attempts, visible_at = 'infinity', last_error FROM sturdy.queue WHERE queue = 'every-fq'"
+                         ).fetchone() == (2, True, "the lease ran out")
+        assert c.execute("SELECT status, last_error FROM sturdy.instances WHERE business_key = 'every-fbk'"
+                         ).fetchone() == ("failed", "the lease ran out")
+        assert c.execute("SELECT dead FROM sturdy.queue_stats WHERE queue = 'every-fq'").fetchone() == (1,)
         call("limit_queue", "SELECT sturdy.limit_queue('every-q', running => 1)")
         assert call("pause", "SELECT sturdy.pause('every-q')") == (True,)
         assert call("resume", "SELECT sturdy.resume('every-q')") == (True,)
