@@ -41,12 +41,19 @@ SELECT sturdy.schedule('keyed-' || i, now() - interval '1 minute', 'keyed-q', pr
   FROM generate_series(1, 12) i;
 SELECT sturdy.limit_queue('keyed-q', per_key => 1);
 SELECT count(*) FROM sturdy.take('keyed-q', max => 2);
+-- failing passes: a policy, a row backing off after one failure, a dead one
+SELECT sturdy.retry_queue('fail-q', max_attempts => 2, backoff => '1 hour');
+SELECT sturdy.schedule('failing', now() - interval '1 minute', 'fail-q');
+SELECT sturdy.schedule('dying', now() - interval '2 minutes', 'fail-q');
+SELECT sturdy.fail(workflow, receipt, 'first', 'fail-q', code => 'DR002') FROM sturdy.take('fail-q', max => 2);
+UPDATE sturdy.queue SET visible_at = now() - interval '1 minute' WHERE workflow = 'dying';
+SELECT sturdy.fail(workflow, receipt, 'second', 'fail-q') FROM sturdy.take('fail-q');
 SELECT sturdy.sample();
 """
 
 # every table the extension keeps, and the unlogged hints it does not
 KEPT = ["claims", "checkpoints", "queue", "subscriptions", "outbox", "deliveries", "instances",
-        "idempotency_keys", "batches", "queue_limits", "queue_places", "queue_key_places", "samples"]
+        "idempotency_keys", "batches", "queue_limits", "queue_places", "queue_key_places", "queue_retry", "samples"]
 
 
 def run(*cmd):
@@ -148,3 +155,18 @@ def test_the_limits_hold_after_the_restore(dumped):
 def test_unlogged_wakeup_hints_are_not_restored(dumped):
     stale = dumped["target"].execute("SELECT count(*) FROM sturdy.queue_waiters").fetchone()[0]
     assert stale == 0, f"{stale} rows"
+
+
+def test_failing_passes_after_the_restore(dumped):
+    """The policy, the count and the dead row come back: the failing row
+    backs off for its hour, the dead one is never handed out, and the
+    failing one dies at the policy's second failure."""
+    c = dumped["target"]
+    assert c.execute("SELECT failing, dead FROM sturdy.queue_stats WHERE queue = 'fail-q'").fetchone() == (1, 1)
+    assert c.execute("SELECT count(*) FROM sturdy.take('fail-q')").fetchone() == (0,)
+    c.execute("UPDATE sturdy.queue SET visible_at = now() - interval '1 second' WHERE workflow = 'failing'")
+    w, r, attempt = c.execute("SELECT workflow, receipt, attempt FROM sturdy.take('fail-q')").fetchone()
+    assert (w, attempt) == ("failing", 2)
+    c.execute("SELECT sturdy.fail(%s, %s, 'again', 'fail-q')", (w, r))
+    assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'fail-q' AND visible_at = 'infinity'"
+                     ).fetchone() == (2,)

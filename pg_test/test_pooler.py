@@ -93,7 +93,9 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("fail", "SELECT sturdy.fail(%s, %s, 'no', 'pooled', code => 'P0001')", wf, receiptf) == (True,)
     assert one("SELECT visible_at = 'infinity', last_sqlstate FROM sturdy.queue WHERE workflow = 'pooled-f'") \
         == (True, "P0001"), "dead at its one attempt"
-    next(turn).execute("DELETE FROM sturdy.queue WHERE workflow = 'pooled-f'")
+    # untyped parameters, as a driver sends them: two arguments are the queue's redrive
+    assert call("redrive", "SELECT sturdy.redrive(%s, %s)", wf, "pooled") == (True,)
+    assert call("cancel", "SELECT sturdy.cancel(%s, %s)", wf, "pooled") == (True,)
     call("retry_queue", "SELECT sturdy.retry_queue('pooled')")
     assert call("arrive", "SELECT sturdy.arrive('pooled-a', 'ok', '{\"v\": 1}', 'pooled')") == ({"v": 1},)
     w3, receipt3, token3 = call("take", "SELECT workflow, receipt, token FROM sturdy.take('pooled', claim => true)")

@@ -307,6 +307,17 @@ CREATE FUNCTION sturdy.retry_queue(queue text, max_attempts integer DEFAULT 25, 
 COMMENT ON FUNCTION sturdy.retry_queue(queue text, max_attempts integer, backoff interval, max_backoff interval, jitter float8) IS
     'Set how the queue retries a failed pass: visible again after backoff doubled for each failure before it, at most max_backoff, moved by up to jitter of itself either way; dead at max_attempts failures. A NULL argument is its default (25, 1 second, 1 hour, 0.1), which a queue without a policy has.';
 
+CREATE FUNCTION sturdy.redrive(workflow text, queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_redrive_workflow';
+COMMENT ON FUNCTION sturdy.redrive(workflow text, queue text) IS
+    'Make a dead row of queue (one that failed its max_attempts times) ready now, its attempts reset; its last error stays on the row. False when it is not dead (or not there). The outbox''s redrive(delivery) is the one with one argument.';
+CREATE FUNCTION sturdy.cancel(workflow text, queue text DEFAULT 'default') RETURNS boolean VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_cancel';
+COMMENT ON FUNCTION sturdy.cancel(workflow text, queue text) IS
+    'Remove the workflow''s row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim''s token fenced (its writes raise SD001). False when there is no such row.';
+
 -- Flow control (src/queue/limits.rs).
 CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL, per_second float8 DEFAULT NULL, burst integer DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER

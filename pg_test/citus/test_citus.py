@@ -510,6 +510,9 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         assert c.execute("SELECT status, last_error FROM sturdy.instances WHERE business_key = 'every-fbk'"
                          ).fetchone() == ("failed", "the lease ran out")
         assert c.execute("SELECT dead FROM sturdy.queue_stats WHERE queue = 'every-fq'").fetchone() == (1,)
+        assert call("redrive", "SELECT sturdy.redrive(%s, 'every-fq')", w) == (True,)
+        assert call("cancel", "SELECT sturdy.cancel(%s, 'every-fq')", w) == (True,)
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'every-fq'").fetchone() == (0,)
         call("limit_queue", "SELECT sturdy.limit_queue('every-q', running => 1)")
         assert call("pause", "SELECT sturdy.pause('every-q')") == (True,)
         assert call("resume", "SELECT sturdy.resume('every-q')") == (True,)

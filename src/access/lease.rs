@@ -221,8 +221,7 @@ impl Opened {
                     };
                     // (the key is NOT NULL)
                     let key = slot_value(version, cols.key).unwrap_or(pg_sys::Datum::from(0));
-                    let attempts =
-                        slot_value(version, cols.attempts).map(|d| d.value() as i32);
+                    let attempts = slot_value(version, cols.attempts).map(|d| d.value() as i32);
                     leased(Leased {
                         key,
                         place,

@@ -156,7 +156,10 @@ fn fail(
     {
         return Err(Error::Invalid {
             arg: "code",
-            why: format!("must be five digits or capital letters, got {:?}", c.lossy()),
+            why: format!(
+                "must be five digits or capital letters, got {:?}",
+                c.lossy()
+            ),
             hint: "Pass a SQLSTATE-like code such as 40001 or the error's own, or NULL.",
         });
     }
@@ -248,7 +251,10 @@ fn retry_queue(
     let queue = args::name("queue", queue)?;
     let max_attempts = args::at_most(
         "max_attempts",
-        args::positive("max_attempts", Some(max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)))?,
+        args::positive(
+            "max_attempts",
+            Some(max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)),
+        )?,
         MAX_ATTEMPTS,
         "Pass how many failures make a row dead, e.g. 25.",
     )?;
@@ -302,7 +308,11 @@ fn wait(arg: &'static str, v: Option<Interval>, default: i64) -> Result<Interval
     let seconds = f64::from(v.months()) * 30.0 * 86_400.0
         + f64::from(v.days()) * 86_400.0
         + v.micros() as f64 / 1e6;
-    if v.months() < 0 || v.days() < 0 || v.micros() < 0 || !(0.0..=MAX_BACKOFF_SECONDS).contains(&seconds) {
+    if v.months() < 0
+        || v.days() < 0
+        || v.micros() < 0
+        || !(0.0..=MAX_BACKOFF_SECONDS).contains(&seconds)
+    {
         return Err(Error::Invalid {
             arg,
             why: format!("must be from 0 to a year, with no negative part, got {v}"),
@@ -310,4 +320,98 @@ fn wait(arg: &'static str, v: Option<Interval>, default: i64) -> Result<Interval
         });
     }
     Ok(v)
+}
+
+/// A dead row made ready now, its count forgotten (its last error and
+/// time kept: what it died of).
+static REDRIVE: Statement = Statement {
+    sql: "UPDATE sturdy.queue
+             SET visible_at = pg_catalog.now(), attempts = NULL, leased_until = NULL, taken_at = NULL
+           WHERE queue OPERATOR(pg_catalog.=) $2 AND workflow OPERATOR(pg_catalog.=) $1
+             AND visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+#[sql_function(
+    "sturdy.redrive(workflow text, queue text) RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Make a dead row of queue (one that failed its max_attempts times) ready now, its attempts reset; its last error stays on the row. False when it is not dead (or not there). The outbox's redrive(delivery) is the one with one argument."
+)]
+fn redrive_workflow(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
+    let workflow = args::name("workflow", workflow)?;
+    let queue = args::name("queue", queue)?;
+    // (no RETURNING: the count of rows processed says it)
+    let redriven = run_one(&REDRIVE, &[workflow.into(), queue.into()], |t| {
+        Ok(!t.is_empty())
+    })?;
+    if redriven {
+        // ready at its old place in take's order: takes whose floor is past
+        // it look from the start again
+        generation::bump();
+        wake_if_waited(queue)?;
+    }
+    Ok(redriven)
+}
+
+/// The row, locked: the lease it has, if a take leased it since it was
+/// last scheduled (running, or run out).
+static CANCELLING: Statement = Statement {
+    sql: "SELECT leased_until FROM sturdy.queue
+           WHERE queue OPERATOR(pg_catalog.=) $2 AND workflow OPERATOR(pg_catalog.=) $1
+             FOR UPDATE",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// The row gone, whatever it was doing.
+static CANCEL: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue
+           WHERE queue OPERATOR(pg_catalog.=) $2 AND workflow OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// The workflow's claim fenced: a token no pass was given, so every write
+/// of the pass that held it is refused (SD001); the claim free to take.
+static FENCE_CLAIM: Statement = Statement {
+    sql: "UPDATE sturdy.claims
+             SET token = token OPERATOR(pg_catalog.+) 1, held_until = LEAST(held_until, pg_catalog.now())
+           WHERE workflow OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+#[sql_function(
+    "sturdy.cancel(workflow text, queue text DEFAULT 'default') RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Remove the workflow's row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim's token fenced (its writes raise SD001). False when there is no such row."
+)]
+fn cancel(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
+    let workflow = args::name("workflow", workflow)?;
+    let queue = args::name("queue", queue)?;
+    let leased = run_one(&CANCELLING, &[workflow.into(), queue.into()], |t| {
+        if t.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(t.first().get_one::<TimestampWithTimeZone>()?))
+    })?;
+    let Some(leased) = leased else {
+        return Ok(false);
+    };
+    // (while the row is there: its key finds a pass's place)
+    let limited = match leased {
+        Some(receipt) => limits::ended(queue, workflow, receipt)?,
+        None => false,
+    };
+    run_one(&CANCEL, &[workflow.into(), queue.into()], |_| Ok(()))?;
+    if leased.is_some() {
+        // taken since it was last scheduled: the pass that took it (running,
+        // or run out but perhaps alive) writes nothing more
+        run_one(&FENCE_CLAIM, &[workflow.into()], |_| Ok(()))?;
+    }
+    limits::freed(queue, limited)?;
+    Ok(true)
 }

@@ -214,3 +214,81 @@ fn fail_and_retry_queue_refuse_bad_input() {
         Some(1000)
     );
 }
+
+/// redrive: a dead row ready again as attempt 1, its error kept; false for
+/// a row that is not dead. One argument is the outbox's redrive, two this.
+#[pg_test]
+fn redrive_makes_a_dead_row_ready_with_its_count_reset() {
+    Spi::run(
+        "SELECT sturdy.retry_queue('rq', max_attempts => 1);
+         SELECT sturdy.schedule('w', now() - interval '1 minute', 'rq');
+         SELECT sturdy.schedule('alive', now() + interval '1 hour', 'rq')",
+    )
+    .unwrap();
+    Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('rq', '1 minute')").unwrap();
+    assert_eq!(
+        one::<bool>("SELECT sturdy.fail(workflow, receipt, 'boom', 'rq') FROM t"),
+        Some(true)
+    );
+    assert_eq!(one::<bool>("SELECT sturdy.redrive('alive', 'rq')"), Some(false));
+    assert_eq!(one::<bool>("SELECT sturdy.redrive('nobody', 'rq')"), Some(false));
+    assert_eq!(one::<bool>("SELECT sturdy.redrive('w', 'rq')"), Some(true));
+    assert_eq!(one::<bool>("SELECT sturdy.redrive('w', 'rq')"), Some(false), "no longer dead");
+    assert_eq!(
+        one::<String>("SELECT format('%s %s %s', attempts IS NULL, last_error, visible_at = now()) FROM sturdy.queue WHERE workflow = 'w'")
+            .as_deref(),
+        Some("t boom t")
+    );
+    assert_eq!(
+        one::<String>("SELECT workflow || ':' || attempt FROM sturdy.take('rq')").as_deref(),
+        Some("w:1")
+    );
+    // untyped literals: one argument is the outbox's (bigint), two are ours
+    assert_eq!(sqlstate_of("SELECT sturdy.redrive('w')"), "22P02");
+    assert_eq!(sqlstate_of("SELECT sturdy.redrive(NULL, 'rq')"), "22004");
+}
+
+/// cancel removes a waiting, sleeping, failing or dead row; a pass under
+/// way finds done false and its claim fenced, and its place of a running
+/// limit is free at once.
+#[pg_test]
+fn cancel_removes_any_row_and_fences_the_pass_under_way() {
+    Spi::run(
+        "SELECT sturdy.limit_queue('cq', running => 1);
+         SELECT sturdy.schedule('waiting', now() - interval '2 minutes', 'cq');
+         SELECT sturdy.schedule('sleeping', now() + interval '1 hour', 'cq');
+         SELECT sturdy.schedule('running', now() - interval '3 minutes', 'cq');
+         SELECT sturdy.schedule('dead', now() + interval '1 hour', 'cq');
+         UPDATE sturdy.queue SET visible_at = 'infinity', attempts = 25 WHERE workflow = 'dead'",
+    )
+    .unwrap();
+    Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('cq', '10 minutes', claim => true)").unwrap();
+    assert_eq!(one::<String>("SELECT workflow FROM t").as_deref(), Some("running"));
+    assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take('cq')"), Some(0), "the one place is held");
+    for w in ["waiting", "sleeping", "dead", "running"] {
+        assert_eq!(
+            one::<bool>(&format!("SELECT sturdy.cancel('{w}', 'cq')")),
+            Some(true),
+            "{w}"
+        );
+    }
+    assert_eq!(count("sturdy.queue WHERE queue = 'cq'"), 0);
+    assert_eq!(one::<bool>("SELECT sturdy.cancel('running', 'cq')"), Some(false));
+    assert_eq!(
+        one::<bool>("SELECT sturdy.done(workflow, receipt, 'cq') FROM t"),
+        Some(false)
+    );
+    assert_eq!(
+        sqlstate_of("SELECT sturdy.record(workflow, 'step', '1', token) FROM t"),
+        "SD001",
+        "the cancelled pass's claim is fenced"
+    );
+    Spi::run("SELECT sturdy.schedule('next', now() - interval '1 minute', 'cq')").unwrap();
+    assert_eq!(
+        one::<String>("SELECT workflow FROM sturdy.take('cq')").as_deref(),
+        Some("next"),
+        "the cancelled pass's place is free"
+    );
+    assert_eq!(sqlstate_of("SELECT sturdy.cancel(NULL, 'cq')"), "22004");
+    assert_eq!(sqlstate_of("SELECT sturdy.cancel('', 'cq')"), "22023");
+}

@@ -159,7 +159,6 @@ macro_rules! taken_set {
 }
 pub(super) use taken_set;
 
-
 pub(super) const TAKE_ARGS: &[pg_sys::Oid] = &[
     pg_sys::TEXTOID,
     pg_sys::INTERVALOID,
