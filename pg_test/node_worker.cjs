@@ -119,6 +119,23 @@ test('a named batch job ticks to completion', async (c) => {
   assert.equal(chunk.done, '30');
 });
 
+test('a failing pass: retry_queue, fail, the dead row redriven, then cancelled', async (c) => {
+  await c.query('SELECT sturdy.retry_queue($1, $2)', ['flaky', 1]);
+  await c.query('SELECT sturdy.schedule($1, $2, $3)', ['flaky-1', new Date(Date.now() - 1000), 'flaky']);
+  const job = await one(c, 'SELECT workflow, receipt, attempt FROM sturdy.take($1)', ['flaky']);
+  assert.equal(job.attempt, 1);
+  const failed = await one(c, 'SELECT sturdy.fail($1, $2, $3, $4, $5, $6) AS failed',
+    [job.workflow, job.receipt, 'TypeError: x is undefined', 'flaky', null, 'NJ001']);
+  assert.equal(failed.failed, true);
+  const dead = await one(c, 'SELECT visible_at = $1 AS dead, last_sqlstate FROM sturdy.queue WHERE workflow = $2',
+    ['infinity', 'flaky-1']);
+  assert.deepEqual(dead, { dead: true, last_sqlstate: 'NJ001' });
+  // two untyped arguments: the queue's redrive, not the outbox's (one argument)
+  assert.equal((await one(c, 'SELECT sturdy.redrive($1, $2) AS r', ['flaky-1', 'flaky'])).r, true);
+  assert.equal((await one(c, 'SELECT sturdy.cancel($1, $2) AS c', ['flaky-1', 'flaky'])).c, true);
+  assert.equal((await one(c, 'SELECT sturdy.cancel($1) AS c', ['nothing-here'])).c, false);
+});
+
 test('sweep', async (c) => {
   const kinds = (await c.query('SELECT kind FROM sturdy.sweep($1, $2)', ['1 second', 100])).rows.map((r) => r.kind);
   assert.ok(kinds.includes('instances'), kinds.join(','));

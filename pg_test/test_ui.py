@@ -120,6 +120,11 @@ def db():
         c.execute("SELECT sturdy.subscribe('order.placed', 'public.fails(sturdy.outbox, integer)', 1)")
         c.execute("SELECT * FROM sturdy.emit('order.placed', %s::jsonb, 'order-1')", (json.dumps({"to": HOSTILE}),))
         c.execute("SELECT * FROM sturdy.pump()")
+        # a dead workflow: its one attempt failed
+        c.execute("SELECT sturdy.retry_queue('retrying', max_attempts => 1)")
+        c.execute("SELECT sturdy.schedule('poison', now() - interval '1 minute', 'retrying')")
+        c.execute("SELECT sturdy.fail(workflow, receipt, %s, 'retrying', code => 'PX001') FROM sturdy.take('retrying')",
+                  ("bad payload: " + HOSTILE,))
         # a stuck instance: running, no change for two hours
         c.execute("SELECT sturdy.start('ship', 'order-7', '{}') AS id")
         c.execute("SELECT sturdy.start('ship', %s, '{}')", (HOSTILE,))
@@ -204,9 +209,27 @@ def test_redrive_and_cancel_change_the_rows_and_need_the_csrf_token(ui):
     assert status == 303 and "cancelled" in headers["location"]
     with admin(DB) as c:
         assert c.execute("SELECT status FROM sturdy.instances WHERE id = %s", (iid,)).fetchone()[0] == "cancelled"
+        assert c.execute("SELECT count(*) FROM sturdy.queue q JOIN sturdy.instances i ON i.workflow = q.workflow"
+                         " WHERE i.id = %s", (iid,)).fetchone()[0] == 0, "its queue row is cancelled with it"
     # the same form again: the instance moved on, nothing changes
     status, _, headers = ui.request("POST", f"/instances/{iid}/cancel", form)
     assert "moved-on" in headers["location"]
+
+
+def test_a_queue_page_lists_its_dead_rows_with_their_errors_and_redrives_them(ui):
+    page = ui.get("/queue?name=retrying")[1]
+    assert "Dead" in page and "poison" in page and "PX001" in page and "bad payload" in page
+    assert "<script>" not in page
+    form = {"csrf": "0" * 48, "queue": "retrying", "workflow": "poison"}
+    assert ui.request("POST", "/queue/redrive", form)[0] == 403
+    form["csrf"] = csrf_of(page)
+    status, _, headers = ui.request("POST", "/queue/redrive", form)
+    assert status == 303 and "workflow-redriven" in headers["location"]
+    with admin(DB) as c:
+        assert c.execute("SELECT visible_at <= now(), attempts FROM sturdy.queue WHERE workflow = 'poison'"
+                         ).fetchone() == (True, None)
+    status, _, headers = ui.request("POST", "/queue/redrive", form)
+    assert "workflow-not-dead" in headers["location"]
 
 
 def test_a_read_only_dashboard_refuses_every_action(db):
@@ -215,6 +238,10 @@ def test_a_read_only_dashboard_refuses_every_action(db):
         page = u.get("/dead")[1]
         assert "Redrive" not in page and 'name="csrf"' not in page
         status, page, _ = u.request("POST", "/deliveries/1/redrive", {"csrf": "x"})
+        assert status == 403 and "--allow-actions" in page
+        page = u.get("/queue?name=retrying")[1]
+        assert "Redrive" not in page and 'name="csrf"' not in page
+        status, page, _ = u.request("POST", "/queue/redrive", {"csrf": "x", "queue": "retrying", "workflow": "poison"})
         assert status == 403 and "--allow-actions" in page
     finally:
         u.stop()

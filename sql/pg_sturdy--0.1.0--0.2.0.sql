@@ -731,8 +731,12 @@ SELECT 'oldest ready job'::text AS signal,
   FROM sturdy.queue q WHERE q.visible_at <= now() AND (q.leased_until IS NULL OR q.leased_until <= now())
 UNION ALL
 SELECT 'lapsed leases', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
-       'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; they are taken again.'
+       'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; each is a failed pass, retried after its backoff.'
   FROM sturdy.queue q WHERE q.leased_until <= now()
+UNION ALL
+SELECT 'dead workflows', pg_catalog.count(*)::text, pg_catalog.count(*) = 0,
+       'Queue rows whose passes failed their queue''s max_attempts times: never handed out again. Read last_error in sturdy.queue, fix, then sturdy.redrive(workflow, queue).'
+  FROM sturdy.queue q WHERE q.visible_at = 'infinity'
 UNION ALL
 SELECT 'oldest pending delivery',
        pg_catalog.to_char(COALESCE(pg_catalog.max(now() - o.created_at), interval '0'), 'HH24:MI:SS'),
@@ -767,7 +771,7 @@ SELECT 'oldest snapshot',
  WHERE a.datname OPERATOR(pg_catalog.=) pg_catalog.current_database() AND a.backend_xmin IS NOT NULL
    AND a.pid <> pg_catalog.pg_backend_pid();
 COMMENT ON VIEW sturdy.health IS
-    'Is anything wrong: the oldest ready job, lapsed leases, the oldest pending delivery, dead deliveries, stuck instances, dead tuples in the busy tables and the oldest snapshot, each with ok by a documented threshold.';
+    'Is anything wrong: the oldest ready job, lapsed leases, dead workflows, the oldest pending delivery, dead deliveries, stuck instances, dead tuples in the busy tables and the oldest snapshot, each with ok by a documented threshold.';
 
 -- The operator dashboard's history (sturdy-ui, docs/dashboard.md): what
 -- sturdy.sample() read, one row per queue, per outbox subscription and per
@@ -793,7 +797,7 @@ COMMENT ON COLUMN sturdy.samples.kind IS 'queue, outbox (a subscription: name is
 COMMENT ON COLUMN sturdy.samples.name IS 'The queue, the event, or the batch job''s name.';
 COMMENT ON COLUMN sturdy.samples.subscriber IS 'The subscriber of an outbox sample; empty for the other kinds.';
 COMMENT ON COLUMN sturdy.samples.figures IS
-    'What was read. queue: ready, leased, sleeping, held_back, paused, oldest_ready_seconds, ended (rows gone or rescheduled since the previous sample), rows and mark (the highest seq, for the next ended). outbox: pending, retrying, dead, oldest_pending_seconds, delivered (since the previous sample). batch: done, remaining, chunk, last_seconds, complete. instances: count. health: value, ok, meaning.';
+    'What was read. queue: ready, leased, sleeping, held_back, paused, oldest_ready_seconds, failing, dead, ended (rows gone or rescheduled since the previous sample; NULL where estimated), rows and mark (the highest seq, for the next ended), estimated (past 10,000 rows a part, the planner''s estimate). outbox: pending, retrying, dead, oldest_pending_seconds, delivered (since the previous sample). batch: done, remaining, chunk, last_seconds, complete. instances: count. health: value, ok, meaning.';
 
 CREATE FUNCTION sturdy.sample() RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER PARALLEL UNSAFE
@@ -819,6 +823,7 @@ DECLARE
     total bigint; mark bigint; staying bigint;
     due bigint; leased bigint; lapsed bigint; sleeping bigint; oldest timestamptz;
     ready bigint; held bigint; free_places bigint; tokens bigint; per_key_held bigint;
+    failing bigint; dead bigint; all_dead bigint := 0;
     estimated boolean;
     live bigint; finished bigint;
     statuses jsonb := '{}';
@@ -869,9 +874,11 @@ BEGIN
         -- next sample's mark) and those the previous sample counted (each
         -- bounded read in the order of take's index, so that the planner
         -- walks it rather than the table, where a queue's rows are few)
-        SELECT count(*), max(r.seq), count(*) FILTER (WHERE r.seq <= (before ->> 'mark')::bigint)
-          INTO total, mark, staying
-          FROM (SELECT x.seq FROM sturdy.queue x WHERE x.queue = q
+        SELECT count(*), max(r.seq), count(*) FILTER (WHERE r.seq <= (before ->> 'mark')::bigint),
+               count(*) FILTER (WHERE r.attempts > 0 AND r.visible_at < 'infinity'),
+               count(*) FILTER (WHERE r.visible_at = 'infinity')
+          INTO total, mark, staying, failing, dead
+          FROM (SELECT x.seq, x.attempts, x.visible_at FROM sturdy.queue x WHERE x.queue = q
                  ORDER BY x.visible_at, x.seq LIMIT cap + 1) r;
         estimated := total > cap;
         -- its due rows in take's order, up to cap + 1: the leases are there
@@ -885,21 +892,28 @@ BEGIN
                  WHERE x.queue = q AND x.visible_at <= now()
                  ORDER BY x.visible_at, x.seq LIMIT cap + 1) d;
         IF NOT estimated THEN
-            sleeping := total - due;
+            sleeping := total - due - dead;
         ELSE
+            -- (failing: among the rows read; dead: the rows at 'infinity',
+            -- the end of take's index, counted up to cap + 1)
             mark := NULL;
+            dead := (SELECT count(*) FROM (SELECT FROM sturdy.queue x
+                                            WHERE x.queue = q AND x.visible_at = 'infinity'
+                                            LIMIT cap + 1) s);
             sleeping := (SELECT count(*) FROM (SELECT FROM sturdy.queue x
-                                                WHERE x.queue = q AND x.visible_at > now()
+                                                WHERE x.queue = q AND x.visible_at > now() AND x.visible_at < 'infinity'
                                                 ORDER BY x.visible_at, x.seq LIMIT cap + 1) s);
             IF sleeping > cap OR due > cap THEN
                 IF distributed THEN
                     -- the queue's shard counts them (a router query)
-                    SELECT count(*) FILTER (WHERE x.visible_at > now()), count(*) FILTER (WHERE x.visible_at <= now())
+                    SELECT count(*) FILTER (WHERE x.visible_at > now() AND x.visible_at < 'infinity'),
+                           count(*) FILTER (WHERE x.visible_at <= now())
                       INTO sleeping, due
                       FROM sturdy.queue x WHERE x.queue = q;
                 ELSE
                     EXECUTE 'EXPLAIN (FORMAT JSON) SELECT FROM sturdy.queue x
-                              WHERE x.queue OPERATOR(pg_catalog.=) $1 AND x.visible_at OPERATOR(pg_catalog.>) $2'
+                              WHERE x.queue OPERATOR(pg_catalog.=) $1 AND x.visible_at OPERATOR(pg_catalog.>) $2
+                                AND x.visible_at OPERATOR(pg_catalog.<) ''infinity'''
                        INTO plan USING q, now();
                     sleeping := GREATEST(sleeping, (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8::bigint);
                     EXECUTE 'EXPLAIN (FORMAT JSON) SELECT FROM sturdy.queue x
@@ -908,11 +922,12 @@ BEGIN
                     due := GREATEST(due, (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8::bigint);
                 END IF;
             END IF;
-            total := due + sleeping;
+            total := due + sleeping + dead;
         END IF;
         ready := due - leased;
         worst_wait := GREATEST(worst_wait, now() - oldest);
         all_lapsed := all_lapsed + lapsed;
+        all_dead := all_dead + dead;
 
         -- held back by its limits, as queue_stats says (per key: among the
         -- due rows read above)
@@ -950,6 +965,7 @@ BEGIN
                     'paused', COALESCE(l.paused, false),
                     'oldest_ready_seconds', round(extract(epoch FROM now() - oldest), 3),
                     'rows', total, 'mark', mark, 'estimated', estimated,
+                    'failing', failing, 'dead', dead,
                     -- rows gone since the previous sample: counted when both
                     -- samples counted every row
                     'ended', CASE WHEN before IS NOT NULL AND NOT estimated
@@ -1034,15 +1050,18 @@ BEGIN
                                'meaning', 'How long the oldest ready queue row has waited for a worker: growing means too few workers (or none).')),
            (now(), 'health', 'lapsed leases', '',
             jsonb_build_object('value', all_lapsed::text, 'ok', all_lapsed = 0,
-                               'meaning', 'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; they are taken again.'));
+                               'meaning', 'Queue rows taken whose lease ran out before done: a worker died or is too slow for its lease; each is a failed pass, retried after its backoff.')),
+           (now(), 'health', 'dead workflows', '',
+            jsonb_build_object('value', all_dead::text, 'ok', all_dead = 0,
+                               'meaning', 'Queue rows whose passes failed their queue''s max_attempts times: never handed out again. Read last_error in sturdy.queue, fix, then sturdy.redrive(workflow, queue).'));
     WITH rows AS (
         INSERT INTO sturdy.samples (sampled_at, kind, name, subscriber, figures)
         SELECT now(), 'health', h.signal, '', jsonb_build_object('value', h.value, 'ok', h.ok, 'meaning', h.meaning)
           FROM sturdy.health h
-         WHERE h.signal NOT IN ('oldest ready job', 'lapsed leases')
+         WHERE h.signal NOT IN ('oldest ready job', 'lapsed leases', 'dead workflows')
         RETURNING 1)
     SELECT count(*) INTO n FROM rows;
-    RETURN written + 2 + n;
+    RETURN written + 3 + n;
 END
 $$;
 COMMENT ON FUNCTION sturdy.sample() IS

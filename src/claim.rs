@@ -150,6 +150,23 @@ static RELEASE: Statement = Statement {
     generic: false,
 };
 
+/// The claim fenced out: a token no pass was given, so every write of the
+/// pass that held the claim is refused (SD001); the claim free to take.
+static FENCE_OUT: Statement = Statement {
+    sql: "UPDATE sturdy.claims
+             SET token = token OPERATOR(pg_catalog.+) 1, held_until = LEAST(held_until, pg_catalog.now())
+           WHERE workflow OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// Fence out whoever holds `workflow`'s claim, live or lapsed: its token
+/// is no longer the current one (a pass cancelled under its worker).
+pub(crate) fn fence_out(workflow: Name) -> Result<()> {
+    run_one(&FENCE_OUT, &[workflow.into()], |_| Ok(()))
+}
+
 /// Lock the claim row and read its token.
 static FENCE: Statement = Statement {
     sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",

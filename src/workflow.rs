@@ -658,6 +658,36 @@ fn stuck_walk(older_than: Interval, max: Option<usize>) -> Result<Vec<Stalled>> 
     Ok(found)
 }
 
+/// An instance whose workflow's queue row died (its passes failed the
+/// queue's `max_attempts` times) fails with the row's error (any instance
+/// of the workflow still pending or running).
+static FAIL_INSTANCE: Statement = Statement {
+    sql: "UPDATE sturdy.instances
+             SET status = 'failed', revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
+                 finished_at = pg_catalog.now(), last_error = COALESCE(pg_catalog.\"left\"($2, 1000), last_error)
+           WHERE workflow OPERATOR(pg_catalog.=) $1
+             AND status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// The instances of `workflows`, whose queue rows died, failed with
+/// `error` (kept as the rows keep it: its first 1,000 characters).
+pub(crate) fn fail_instances(workflows: &[Vec<u8>], error: Option<Text>) -> Result<()> {
+    for workflow in workflows {
+        run_one(
+            &FAIL_INSTANCE,
+            &[
+                Text::from_bytes(workflow).into(),
+                error.map_or_else(null::<Text>, Into::into),
+            ],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
+}
+
 /// The workflow name of instance `id`, as bytes; `None` for no such
 /// instance.
 pub(crate) fn workflow_of(id: i64) -> Result<Option<Vec<u8>>> {

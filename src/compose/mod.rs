@@ -7,8 +7,11 @@
 //! - `finish`: the fence, a step, the claim released, the queue row done and
 //!   the instance moved, in one call;
 //! - `scheduled`: `start` and `arrive`, a write and its workflow's schedule
-//!   in one transaction.
+//!   in one transaction;
+//! - `failing`: `fail` and `cancel`, and a row's death in a take: the
+//!   queue's part, then the instance failed or the claim fenced out.
 
+mod failing;
 mod fenced;
 mod finish;
 mod scheduled;

@@ -15,6 +15,7 @@ use crate::datum::Text;
 use crate::error::Result;
 use crate::fmgr::Args;
 use crate::queue;
+use crate::workflow;
 
 /// Returns its rows through the call (see `plan::run_as_set`).
 #[sql_function(
@@ -47,5 +48,13 @@ fn take(
         true
     };
     let claim: Option<queue::Claim> = claim.then_some(claim::claim_for);
-    queue::take(call, queue, lease, max, claim, wake)
+    // (none left over from a take that raised)
+    queue::take_died();
+    queue::take(call, queue, lease, max, claim, wake)?;
+    // rows whose last lease ran out, met by the take: their instances fail
+    let died = queue::take_died();
+    if !died.is_empty() {
+        workflow::fail_instances(&died, Some(Text::new(queue::LAPSED)))?;
+    }
+    Ok(())
 }

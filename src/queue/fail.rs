@@ -1,6 +1,10 @@
-//! Failing passes: `fail`, a worker's word that its pass failed, and
-//! `retry_queue`, the policy that says when a failed row is handed out
-//! again and when it is dead.
+//! Failing passes, the queue's part: a worker's word that its pass failed
+//! (`fail`'s row, [`fail_pass`]; the SQL function is `compose`'s, which
+//! fails the instance of a row that died), `retry_queue`, the policy that
+//! says when a failed row is handed out again and when it is dead,
+//! `redrive` of a dead row, and a row cancelled ([`cancel_row`]). A lease
+//! that runs out is a failure too, counted by the take that meets it
+//! (`sql.rs`, `taken_set`).
 //!
 //! A failure is counted on the row (`attempts`); the row becomes visible
 //! again after a backoff that doubles with each failure, up to a ceiling,
@@ -34,10 +38,10 @@ const MAX_BACKOFF_SECONDS: f64 = 365.0 * 86_400.0;
 const ERROR_CHARS: i32 = 1_000;
 
 /// Record the failure of the pass (`$1` workflow, `$2` receipt, `$4`
-/// queue) under the receipt rule: one more attempt, the error (`$3`, cut
-/// to its first 1,000 characters) and code (`$6`), and the row visible
-/// again at `$5` or after the queue's backoff, or dead (`'infinity'`) at
-/// its `max_attempts`. Returns whether it is dead and whether it is ready
+/// queue) at `$9` (NULL: now) under the receipt rule: one more attempt,
+/// the error (`$3`, cut to its first 1,000 characters) and code (`$6`), and
+/// the row visible again at `$5` or after the queue's backoff from `$9`, or
+/// dead (`'infinity'`) at its `max_attempts`. Returns whether it is dead and whether it is ready
 /// now. The policy is read in the same statement (colocated with the queue
 /// under Citus, so it stays on the queue's shard).
 static FAIL: Statement = Statement {
@@ -47,14 +51,14 @@ static FAIL: Statement = Statement {
                      WHEN COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) p.max_attempts
                          THEN 'infinity'::pg_catalog.timestamptz
                      WHEN $5 IS NOT NULL THEN $5
-                     ELSE pg_catalog.now() OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
+                     ELSE COALESCE($9, pg_catalog.now()) OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
                          LEAST(p.max_secs, p.secs OPERATOR(pg_catalog.*)
                                    pg_catalog.power(2::pg_catalog.float8, LEAST(COALESCE(q.attempts, 0), 62)::pg_catalog.float8))
                          OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+) (p.jitter
                              OPERATOR(pg_catalog.*) ((2::pg_catalog.float8 OPERATOR(pg_catalog.*) pg_catalog.random()) OPERATOR(pg_catalog.-) 1::pg_catalog.float8)))))
                  END,
                  taken_at = NULL, leased_until = NULL,
-                 last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = pg_catalog.now()
+                 last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = COALESCE($9, pg_catalog.now())
             FROM (SELECT COALESCE(r.max_attempts, $8) AS max_attempts,
                          pg_catalog.date_part('epoch', COALESCE(r.backoff, '1 second'::pg_catalog.interval)) AS secs,
                          pg_catalog.date_part('epoch', COALESCE(r.max_backoff, '1 hour'::pg_catalog.interval)) AS max_secs,
@@ -75,106 +79,114 @@ static FAIL: Statement = Statement {
         pg_sys::TEXTOID,
         pg_sys::INT4OID,
         pg_sys::INT4OID,
+        pg_sys::TIMESTAMPTZOID,
     ],
     writes: true,
     generic: false,
 };
 
-/// A dead row's instance fails with the row's error (any instance of the
-/// workflow still pending or running).
-static FAIL_INSTANCE: Statement = Statement {
-    sql: "UPDATE sturdy.instances
-             SET status = 'failed', revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
-                 finished_at = pg_catalog.now(), last_error = COALESCE(pg_catalog.\"left\"($2, $3), last_error)
-           WHERE workflow OPERATOR(pg_catalog.=) $1
-             AND status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::INT4OID],
-    writes: true,
-    generic: false,
-};
-
-/// The workflows a take statement's rows name in column `col`: those whose
-/// lease ran out for the last time (dead).
-pub(super) fn died(r: &plan::Rows, col: usize) -> Vec<Vec<u8>> {
-    (0..r.len())
-        .filter_map(|i| r.text_bytes(i, col).map(<[u8]>::to_vec))
-        .collect()
+thread_local! {
+    /// The rows whose lease ran out that the take statements of this call
+    /// met and locked (workflow, lease end), to count ([`count_lapsed`]).
+    static LAPSED_MET: RefCell<Vec<(Vec<u8>, pg_sys::TimestampTz)>> = const { RefCell::new(Vec::new()) };
+    /// The workflows whose rows the takes of this call found dead (their
+    /// last lease ran out), for the caller to fail their instances
+    /// ([`take_died`]).
+    static DIED: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The instances of workflows whose rows a take found dead: failed, as
-/// `fail` fails them, with the error their rows keep.
-pub(super) fn instances_failed(dead: &[Vec<u8>]) -> Result<()> {
-    for workflow in dead {
-        run_one(
-            &FAIL_INSTANCE,
-            &[
-                Text::from_bytes(workflow).into(),
-                Text::new(LAPSED).into(),
-                ERROR_CHARS.into(),
-            ],
-            |_| Ok(()),
+/// Note the rows a take statement reports in columns `col` and `col + 1`:
+/// locked, not leased, their lease run out (workflow, lease end).
+pub(super) fn note_lapsed(r: &plan::Rows, col: usize) {
+    for i in 0..r.len() {
+        if let (Some(w), Some(at)) = (r.text_bytes(i, col), r.timestamptz(i, col + 1)) {
+            LAPSED_MET.with(|l| l.borrow_mut().push((w.to_vec(), at)));
+        }
+    }
+}
+
+/// Count the failure of each row whose lease ran out that the last take
+/// statement met (and holds locked): as `fail` counts one, from the lease's
+/// end, with the error [`LAPSED`]. A row whose backoff is over by now is
+/// ready again at once, at the time its backoff ended (the statement, run
+/// again, leases it as the next attempt); one whose count reaches the
+/// queue's `max_attempts` is dead, its workflow kept for [`take_died`].
+pub(super) fn count_lapsed(queue: Name) -> Result<()> {
+    let met = LAPSED_MET.with(|l| std::mem::take(&mut *l.borrow_mut()));
+    for (workflow, lease_end) in met {
+        let (Ok(receipt), Ok(w)) = (
+            TimestampWithTimeZone::try_from(lease_end),
+            args::name("workflow", Some(Text::from_bytes(&workflow))),
+        ) else {
+            continue;
+        };
+        let failed = fail_at(
+            w,
+            receipt,
+            Some(Text::new(LAPSED)),
+            queue,
+            None,
+            None,
+            Some(receipt),
         )?;
+        if failed == Some(true) {
+            DIED.with(|d| d.borrow_mut().push(workflow));
+        }
     }
     Ok(())
 }
 
+/// The workflows whose rows the last `take` found dead, taken out: their
+/// instances are the caller's to fail (`compose`'s `take`), with
+/// [`LAPSED`] as the error.
+pub(crate) fn take_died() -> Vec<Vec<u8>> {
+    LAPSED_MET.with(|l| l.borrow_mut().clear());
+    DIED.with(|d| std::mem::take(&mut *d.borrow_mut()))
+}
+
 /// The error a pass whose lease ran out leaves on its row (the take
 /// statements' `taken_set` writes the same).
-const LAPSED: &str = "the lease ran out";
+pub(crate) const LAPSED: &str = "the lease ran out";
 
-#[sql_function(
-    "sturdy.fail(workflow text, receipt timestamptz, error text, queue text DEFAULT 'default',
-                 retry_at timestamptz DEFAULT NULL, code text DEFAULT NULL)
-     RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue's backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). False, and nothing written, for a stale receipt."
-)]
-fn fail(
-    workflow: Option<Text>,
-    receipt: Option<TimestampWithTimeZone>,
+/// `fail`'s part on the queue (its arguments checked by the caller,
+/// `compose`'s `fail`): the failure recorded under the receipt rule, the
+/// generation bumped and waiting workers woken where the row is ready at
+/// once, the pass's place freed. `None` for a stale receipt (nothing
+/// written); else whether the row is dead.
+pub(crate) fn fail_pass(
+    workflow: Name,
+    receipt: TimestampWithTimeZone,
     error: Option<Text>,
-    queue: Option<Text>,
+    queue: Name,
     retry_at: Option<TimestampWithTimeZone>,
     code: Option<Text>,
-) -> Result<bool> {
-    let workflow = args::name("workflow", workflow)?;
-    let receipt = args::required("receipt", receipt)?;
-    let queue = args::name("queue", queue)?;
-    if let Some(at) = retry_at
-        && !at.is_finite()
-    {
-        return Err(Error::Invalid {
-            arg: "retry_at",
-            why: format!("must be a finite time, got {at}"),
-            hint: "Pass when the row should be handed out again, or NULL for the queue's backoff; cancel a row that should never run.",
-        });
-    }
-    if let Some(c) = code
-        && !(c.bytes().len() == 5
-            && c.bytes()
-                .iter()
-                .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()))
-    {
-        return Err(Error::Invalid {
-            arg: "code",
-            why: format!(
-                "must be five digits or capital letters, got {:?}",
-                c.lossy()
-            ),
-            hint: "Pass a SQLSTATE-like code such as 40001 or the error's own, or NULL.",
-        });
-    }
-    let error_arg = || error.map_or_else(plan::null::<Text>, Into::into);
+) -> Result<Option<bool>> {
+    fail_at(workflow, receipt, error, queue, retry_at, code, None)
+}
+
+/// [`fail_pass`] of a failure at `since` (`None`: now): its backoff counts
+/// from then.
+fn fail_at(
+    workflow: Name,
+    receipt: TimestampWithTimeZone,
+    error: Option<Text>,
+    queue: Name,
+    retry_at: Option<TimestampWithTimeZone>,
+    code: Option<Text>,
+    since: Option<TimestampWithTimeZone>,
+) -> Result<Option<bool>> {
     let outcome = run_one(
         &FAIL,
         &[
             workflow.into(),
             receipt.into(),
-            error_arg(),
+            error.map_or_else(plan::null::<Text>, Into::into),
             queue.into(),
             retry_at.map_or_else(plan::null::<TimestampWithTimeZone>, Into::into),
             code.map_or_else(plan::null::<Text>, Into::into),
             ERROR_CHARS.into(),
             DEFAULT_MAX_ATTEMPTS.into(),
+            since.map_or_else(plan::null::<TimestampWithTimeZone>, Into::into),
         ],
         |t| {
             if t.is_empty() {
@@ -189,15 +201,8 @@ fn fail(
         },
     )?;
     let Some((dead, ready, past)) = outcome else {
-        return Ok(false);
+        return Ok(None);
     };
-    if dead {
-        run_one(
-            &FAIL_INSTANCE,
-            &[workflow.into(), error_arg(), ERROR_CHARS.into()],
-            |_| Ok(()),
-        )?;
-    }
     if past {
         generation::bump();
     }
@@ -207,7 +212,7 @@ fn fail(
     // the pass ends here: its place goes back to the queue
     let limited = limits::ended(queue, workflow, receipt)?;
     limits::freed(queue, limited)?;
-    Ok(true)
+    Ok(Some(dead))
 }
 
 /// Set the queue's policy; none is kept where it is the default.
@@ -374,24 +379,13 @@ static CANCEL: Statement = Statement {
     generic: false,
 };
 
-/// The workflow's claim fenced: a token no pass was given, so every write
-/// of the pass that held it is refused (SD001); the claim free to take.
-static FENCE_CLAIM: Statement = Statement {
-    sql: "UPDATE sturdy.claims
-             SET token = token OPERATOR(pg_catalog.+) 1, held_until = LEAST(held_until, pg_catalog.now())
-           WHERE workflow OPERATOR(pg_catalog.=) $1",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
-};
-
-#[sql_function(
-    "sturdy.cancel(workflow text, queue text DEFAULT 'default') RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "Remove the workflow's row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim's token fenced (its writes raise SD001). False when there is no such row."
-)]
-fn cancel(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
-    let workflow = args::name("workflow", workflow)?;
-    let queue = args::name("queue", queue)?;
+/// `cancel`'s part on the queue (its arguments checked by the caller,
+/// `compose`'s `cancel`): the row removed, whatever it was doing, and the
+/// place of a pass under way freed. `None` where there is no such row;
+/// else whether a take had leased it since it was last scheduled (a pass
+/// running, or one whose lease ran out, its worker perhaps alive), whose
+/// claim the caller fences.
+pub(crate) fn cancel_row(workflow: Name, queue: Name) -> Result<Option<bool>> {
     let leased = run_one(&CANCELLING, &[workflow.into(), queue.into()], |t| {
         if t.is_empty() {
             return Ok(None);
@@ -399,7 +393,7 @@ fn cancel(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
         Ok(Some(t.first().get_one::<TimestampWithTimeZone>()?))
     })?;
     let Some(leased) = leased else {
-        return Ok(false);
+        return Ok(None);
     };
     // (while the row is there: its key finds a pass's place)
     let limited = match leased {
@@ -407,11 +401,6 @@ fn cancel(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
         None => false,
     };
     run_one(&CANCEL, &[workflow.into(), queue.into()], |_| Ok(()))?;
-    if leased.is_some() {
-        // taken since it was last scheduled: the pass that took it (running,
-        // or run out but perhaps alive) writes nothing more
-        run_one(&FENCE_CLAIM, &[workflow.into()], |_| Ok(()))?;
-    }
     limits::freed(queue, limited)?;
-    Ok(true)
+    Ok(Some(leased.is_some()))
 }

@@ -129,7 +129,7 @@ static TAKE_KEYED: Statement = Statement {
                ORDER BY c.ord
                LIMIT $3),
           locked AS MATERIALIZED (
-              SELECT q.ctid, q.workflow, q.key FROM sturdy.queue q
+              SELECT q.ctid, q.workflow, q.key, q.leased_until FROM sturdy.queue q
                WHERE q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM chosen))
                  AND (q.queue OPERATOR(pg_catalog.=) $1 AND q.visible_at OPERATOR(pg_catalog.<=) $4
                       AND (q.leased_until IS NULL OR q.leased_until OPERATOR(pg_catalog.<=) $4)) IS TRUE
@@ -157,8 +157,8 @@ static TAKE_KEYED: Statement = Statement {
               UPDATE sturdy.queue AS q
                  ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM go))
-              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
-                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead),
+                 AND q.leased_until IS NULL
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
                 FROM taken t JOIN go g ON g.workflow OPERATOR(pg_catalog.=) t.workflow
@@ -166,21 +166,22 @@ static TAKE_KEYED: Statement = Statement {
                  AND p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
           SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, NULL::pg_catalog.text, false,
-                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text
-            FROM taken t WHERE t.receipt IS NOT NULL
+                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text, NULL::pg_catalog.timestamptz
+            FROM taken t
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, t.workflow FROM taken t WHERE t.dead
+          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, l.workflow, l.leased_until
+            FROM locked l WHERE l.leased_until IS NOT NULL
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, k.key, false, NULL, NULL, NULL
+          SELECT NULL, NULL, NULL, NULL, k.key, false, NULL, NULL, NULL, NULL
             FROM (SELECT DISTINCT key FROM locked WHERE key IS NOT NULL) k
            WHERE NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) k.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL FROM go g
+          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL, NULL FROM go g
            WHERE NOT EXISTS (SELECT FROM taken t WHERE t.workflow OPERATOR(pg_catalog.=) g.workflow
                                                    AND t.receipt IS NOT NULL)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL FROM head h"
+          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL, NULL FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
@@ -206,10 +207,10 @@ static TAKE_KEYED_ONE: Statement = Statement {
         head!(),
         ",
           cand AS MATERIALIZED (
-              SELECT c.ctid, c.workflow, c.key FROM (
-                  SELECT a.ctid, a.workflow, a.key FROM (
-                      SELECT r.ctid, r.workflow, r.key FROM levels l CROSS JOIN LATERAL (
-                          SELECT ctid, workflow, key FROM sturdy.queue q
+              SELECT c.ctid, c.workflow, c.key, c.leased_until FROM (
+                  SELECT a.ctid, a.workflow, a.key, a.leased_until FROM (
+                      SELECT r.ctid, r.workflow, r.key, r.leased_until FROM levels l CROSS JOIN LATERAL (
+                          SELECT ctid, workflow, key, leased_until FROM sturdy.queue q
                            WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) l.p
                              AND q.priority OPERATOR(pg_catalog.>) 0
                              AND q.visible_at OPERATOR(pg_catalog.<=) $4
@@ -221,8 +222,8 @@ static TAKE_KEYED_ONE: Statement = Statement {
                        WHERE l.p IS NOT NULL
                        LIMIT 1) a
                   UNION ALL
-                  SELECT b.ctid, b.workflow, b.key FROM (
-                      SELECT q.ctid, q.workflow, q.key FROM sturdy.queue q
+                  SELECT b.ctid, b.workflow, b.key, b.leased_until FROM (
+                      SELECT q.ctid, q.workflow, q.key, q.leased_until FROM sturdy.queue q
                        WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.priority OPERATOR(pg_catalog.=) 0
                          AND q.visible_at OPERATOR(pg_catalog.<=) $4
                          AND (q.visible_at, q.seq) OPERATOR(pg_catalog.>=) ($5, $6)
@@ -247,8 +248,8 @@ static TAKE_KEYED_ONE: Statement = Statement {
               UPDATE sturdy.queue AS q
                  ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM go)
-              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
-                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead),
+                 AND q.leased_until IS NULL
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
                 FROM taken t, go g
@@ -256,20 +257,21 @@ static TAKE_KEYED_ONE: Statement = Statement {
                  AND p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
           SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, NULL::pg_catalog.text, false,
-                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text
-            FROM taken t WHERE t.receipt IS NOT NULL
+                 NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text, NULL::pg_catalog.timestamptz
+            FROM taken t
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, t.workflow FROM taken t WHERE t.dead
+          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, c.workflow, c.leased_until
+            FROM cand c WHERE c.leased_until IS NOT NULL
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, c.key, false, NULL, NULL, NULL FROM cand c
+          SELECT NULL, NULL, NULL, NULL, c.key, false, NULL, NULL, NULL, NULL FROM cand c
            WHERE c.key IS NOT NULL
              AND NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL FROM go g
+          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL, NULL FROM go g
            WHERE NOT EXISTS (SELECT FROM taken WHERE receipt IS NOT NULL)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL FROM head h"
+          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL, NULL FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
@@ -342,7 +344,7 @@ pub(super) fn take_from(
         } else {
             &TAKE_KEYED
         };
-        let (leased, placeless, missed, head, dead) = plan::run_rows(
+        let (leased, placeless, missed, head) = plan::run_rows(
             stmt,
             &[
                 queue.into(),
@@ -363,11 +365,12 @@ pub(super) fn take_from(
                 let head = (0..r.len())
                     .filter_map(|i| Some((r.timestamptz(i, 7)?, r.get::<i64>(i, 8)?)))
                     .min();
-                Ok((leased, placeless, missed, head, died(&r, 9)))
+                note_lapsed(&r, 9);
+                Ok((leased, placeless, missed, head))
             },
         )?;
-        instances_failed(&dead)?;
         hand.out(call, &leased, lease)?;
+        count_lapsed(queue)?;
         taken.rows += leased.len();
         taken.oldest = earlier(taken.oldest, head);
         if !placeless.is_empty() {

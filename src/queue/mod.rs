@@ -80,7 +80,8 @@ mod tests {
 }
 
 pub(crate) use done::{Removal, remove as remove_done};
-use fail::{died, instances_failed};
+pub(crate) use fail::{LAPSED, cancel_row, fail_pass, take_died};
+use fail::{count_lapsed, note_lapsed};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
 pub(crate) use limits::{ended, freed};

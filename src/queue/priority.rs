@@ -131,8 +131,8 @@ static TAKE_PRIORITIZED: Statement = Statement {
         levels!(),
         ",
           due AS MATERIALIZED (
-              SELECT r.ctid, r.workflow FROM levels l CROSS JOIN LATERAL (
-                  SELECT ctid, workflow FROM sturdy.queue
+              SELECT r.ctid, r.workflow, r.leased_until FROM levels l CROSS JOIN LATERAL (
+                  SELECT ctid, workflow, leased_until FROM sturdy.queue
                    WHERE queue OPERATOR(pg_catalog.=) $1 AND priority OPERATOR(pg_catalog.=) l.p
                      AND priority OPERATOR(pg_catalog.>) 0
                      AND visible_at OPERATOR(pg_catalog.<=) $4
@@ -146,10 +146,11 @@ static TAKE_PRIORITIZED: Statement = Statement {
               UPDATE sturdy.queue AS q
                  ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
-                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead)
-          SELECT CASE WHEN t.receipt IS NOT NULL THEN t.workflow END, t.receipt, NULL::pg_catalog.int8, t.attempt,
-                 (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL, CASE WHEN t.dead THEN t.workflow END
+                 AND q.leased_until IS NULL
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt)
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt,
+                 (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL,
+                 CASE WHEN d.leased_until IS NOT NULL THEN d.workflow END, d.leased_until
             FROM (SELECT) one
             LEFT JOIN (due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow) ON true"
     ),
@@ -177,7 +178,7 @@ pub(super) fn take(
     let due = pgrx::datum::now();
     let mut handed = 0;
     for _ in 0..TAKE_ATTEMPTS {
-        let (leased, missed, any, dead) = plan::run_rows(
+        let (leased, missed, any) = plan::run_rows(
             &TAKE_PRIORITIZED,
             &[
                 queue.into(),
@@ -191,12 +192,13 @@ pub(super) fn take(
                 // a row of `due` the update did not lease
                 let missed = (0..r.len())
                     .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 6) == Some(true));
-                Ok((leased, missed, any, died(&r, 7)))
+                note_lapsed(&r, 7);
+                Ok((leased, missed, any))
             },
         )?;
-        instances_failed(&dead)?;
         found(queue, mark, any);
         hand.out(call, &leased, lease)?;
+        count_lapsed(queue)?;
         handed += leased.len();
         if !missed || handed >= max {
             break;

@@ -91,70 +91,16 @@ pub(super) static MARKED: Statement = Statement {
 // those two always run their generic plan (`generic: true`), the same index
 // scan on (queue, visible_at, seq) a custom plan picks.
 
-/// The queue's `max_attempts` (`$1`), or the default's 25
-/// (`fail::DEFAULT_MAX_ATTEMPTS`).
-macro_rules! retry_max {
-    () => {
-        "COALESCE((SELECT r.max_attempts FROM sturdy.queue_retry r WHERE r.queue OPERATOR(pg_catalog.=) $1), 25)"
-    };
-}
-pub(super) use retry_max;
-
-/// When the backoff after the failure of `q`'s lapsed lease ends: the
-/// lease's end plus `min(max_backoff, backoff * 2^(n-1))` for the `n`-th
-/// failure, moved by up to `jitter` of itself (defaults: 1 s, 1 h, 0.1).
-macro_rules! backoff_end {
-    () => {
-        "(q.leased_until OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
-              LEAST(COALESCE((SELECT pg_catalog.date_part('epoch', r.max_backoff) FROM sturdy.queue_retry r
-                               WHERE r.queue OPERATOR(pg_catalog.=) $1), 3600::pg_catalog.float8),
-                    COALESCE((SELECT pg_catalog.date_part('epoch', r.backoff) FROM sturdy.queue_retry r
-                               WHERE r.queue OPERATOR(pg_catalog.=) $1), 1::pg_catalog.float8)
-                    OPERATOR(pg_catalog.*) pg_catalog.power(2::pg_catalog.float8, LEAST(COALESCE(q.attempts, 0), 62)::pg_catalog.float8))
-              OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+)
-                  (COALESCE((SELECT r.jitter FROM sturdy.queue_retry r WHERE r.queue OPERATOR(pg_catalog.=) $1), 0.1::pg_catalog.float8)
-                   OPERATOR(pg_catalog.*) ((2::pg_catalog.float8 OPERATOR(pg_catalog.*)
-                      ((pg_catalog.hashtextextended(q.workflow, COALESCE(q.attempts, 0)::pg_catalog.int8) OPERATOR(pg_catalog.&) 16777215)::pg_catalog.float8
-                       OPERATOR(pg_catalog./) 16777216::pg_catalog.float8)) OPERATOR(pg_catalog.-) 1::pg_catalog.float8))))))"
-    };
-}
-pub(super) use backoff_end;
-
-/// The `SET` of every take's `UPDATE` (target `q`, queue `$1`, lease `$2`):
-/// a row locked where no lease ever ran (`leased_until` NULL) is leased;
-/// one whose lease ran out is a failed pass (see `fail.rs`), counted here
-/// as `fail` counts one (one more attempt, the time the lease ended, the
-/// error "the lease ran out"): at the queue's `max_attempts` it is dead
-/// (`'infinity'`); else it is leased again at once where its backoff,
-/// counted from the lease's end, is over, and otherwise made visible when
-/// it is. The backoff's jitter is a fraction drawn from the workflow and
-/// the attempt (every expression below must see the same one). The policy
-/// is read by subqueries of the parameter alone: each is run once a
-/// statement, and only if a row whose lease ran out reaches it, so a take
-/// of rows where nothing failed reads no policy. A leased row keeps its
-/// `visible_at` (the update stays HOT).
+/// The `SET` of every take's `UPDATE` (target `q`, lease `$2`), which
+/// leases only a row whose `leased_until` is NULL (the statement says so
+/// in its `WHERE`). A row whose lease ran out is a failed pass: the
+/// statement locks it and reports it (workflow, lease end) without a
+/// write, and the take counts the failure (`fail::count_lapsed`) before it
+/// runs again.
 macro_rules! taken_set {
     () => {
-        concat!("SET leased_until = CASE WHEN (q.leased_until IS NULL OR (COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.<) (", retry_max!(), ")
-                                      AND ", backoff_end!(), " OPERATOR(pg_catalog.<=) pg_catalog.now()))
-                                 THEN pg_catalog.now() OPERATOR(pg_catalog.+) $2 END,
-             taken_at = CASE WHEN q.leased_until IS NULL OR (COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.<) (", retry_max!(), ")
-                                      AND ", backoff_end!(), " OPERATOR(pg_catalog.<=) pg_catalog.now())
-                             THEN pg_catalog.now() END,
-             takes = q.takes OPERATOR(pg_catalog.+)
-                     CASE WHEN q.leased_until IS NULL OR (COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.<) (", retry_max!(), ")
-                                      AND ", backoff_end!(), " OPERATOR(pg_catalog.<=) pg_catalog.now())
-                          THEN 1 ELSE 0 END,
-             visible_at = CASE WHEN q.leased_until IS NULL THEN q.visible_at
-                               WHEN COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) (", retry_max!(), ")
-                                   THEN 'infinity'::pg_catalog.timestamptz
-                               WHEN ", backoff_end!(), " OPERATOR(pg_catalog.<=) pg_catalog.now() THEN q.visible_at
-                               ELSE ", backoff_end!(), " END,
-             attempts = CASE WHEN q.leased_until IS NULL THEN q.attempts
-                             ELSE COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 END,
-             last_error = CASE WHEN q.leased_until IS NULL THEN q.last_error ELSE 'the lease ran out' END,
-             last_sqlstate = CASE WHEN q.leased_until IS NULL THEN q.last_sqlstate END,
-             failed_at = CASE WHEN q.leased_until IS NULL THEN q.failed_at ELSE q.leased_until END")
+        "SET leased_until = pg_catalog.now() OPERATOR(pg_catalog.+) $2, taken_at = pg_catalog.now(),
+                     takes = q.takes OPERATOR(pg_catalog.+) 1"
     };
 }
 pub(super) use taken_set;
@@ -184,7 +130,7 @@ pub(super) const TAKE_ARGS: &[pg_sys::Oid] = &[
 // other takes' UPDATEs (keyed, priority, a released schema's) do the same.
 pub(super) static TAKE_ONE: Statement = Statement {
     sql: concat!("WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+              SELECT ctid, workflow, visible_at, seq, leased_until FROM sturdy.queue
                WHERE queue OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.<=) $6
                  AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
@@ -196,10 +142,10 @@ pub(super) static TAKE_ONE: Statement = Statement {
               UPDATE sturdy.queue AS q
                  ", taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
-                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead)
-          SELECT CASE WHEN t.receipt IS NOT NULL THEN t.workflow END, t.receipt, NULL::bigint, t.attempt,
-                 d.visible_at, d.seq, CASE WHEN t.dead THEN t.workflow END
+                 AND q.leased_until IS NULL
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt)
+          SELECT t.workflow, t.receipt, NULL::bigint, t.attempt, d.visible_at, d.seq,
+                 CASE WHEN d.leased_until IS NOT NULL THEN d.workflow END, d.leased_until
             FROM due d LEFT JOIN taken t ON true"),
     args: TAKE_ARGS,
     writes: true,
@@ -208,7 +154,7 @@ pub(super) static TAKE_ONE: Statement = Statement {
 
 pub(super) static TAKE_MANY: Statement = Statement {
     sql: concat!("WITH due AS MATERIALIZED (
-              SELECT ctid, workflow, visible_at, seq FROM sturdy.queue
+              SELECT ctid, workflow, visible_at, seq, leased_until FROM sturdy.queue
                WHERE queue OPERATOR(pg_catalog.=) $1
                  AND visible_at OPERATOR(pg_catalog.<=) $6
                  AND (visible_at, seq) OPERATOR(pg_catalog.>=) ($4, $5)
@@ -220,10 +166,10 @@ pub(super) static TAKE_MANY: Statement = Statement {
               UPDATE sturdy.queue AS q
                  ", taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt,
-                        q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz AS dead)
-          SELECT CASE WHEN t.receipt IS NOT NULL THEN t.workflow END, t.receipt, NULL::bigint, t.attempt,
-                 d.visible_at, d.seq, t.tid, CASE WHEN t.dead THEN t.workflow END
+                 AND q.leased_until IS NULL
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt)
+          SELECT t.workflow, t.receipt, NULL::bigint, t.attempt, d.visible_at, d.seq, t.tid,
+                 CASE WHEN d.leased_until IS NOT NULL THEN d.workflow END, d.leased_until
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
            ORDER BY d.visible_at, d.seq"),
     args: TAKE_ARGS,

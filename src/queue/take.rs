@@ -200,10 +200,9 @@ pub(super) fn take_from(
         rows: 0,
         oldest: None,
     };
-    // what a run tells besides its rows: the oldest place it locked,
+    // what a run tells besides its rows: the oldest place it locked, and
     // whether it missed a row (locked but not leased: also a row whose
-    // lease ran out, its failure counted instead), and the rows that died
-    // so (the last column)
+    // lease ran out, its failure counted after the run, `count_lapsed`)
     let seen = |r: &plan::Rows| {
         if batch {
             lease_rows(queue, r);
@@ -212,7 +211,8 @@ pub(super) fn take_from(
             .filter_map(|i| Some((r.timestamptz(i, 5)?, r.get::<i64>(i, 6)?)))
             .min();
         let missed = (0..r.len()).any(|i| r.text_bytes(i, 1).is_none());
-        (oldest, missed, died(r, if batch { 8 } else { 7 }))
+        note_lapsed(r, if batch { 8 } else { 7 });
+        (oldest, missed)
     };
     for _ in 0..TAKE_ATTEMPTS {
         let left = max - taken.rows as i64;
@@ -224,7 +224,7 @@ pub(super) fn take_from(
             from.1.into(),
             due.into(),
         ];
-        let (rows, (oldest, missed, dead)) = match hand {
+        let (rows, (oldest, missed)) = match hand {
             Hand {
                 claim: None,
                 kept: None,
@@ -239,7 +239,7 @@ pub(super) fn take_from(
                 (leased.len(), seen)
             }
         };
-        instances_failed(&dead)?;
+        count_lapsed(queue)?;
         taken.rows += rows;
         taken.oldest = earlier(taken.oldest, oldest);
         if !missed || taken.rows as i64 >= max {

@@ -352,6 +352,44 @@ pub(crate) async fn redrive(
     Ok(Redirect::to(&format!("/dead?note={note}&id={id}")).into_response())
 }
 
+#[derive(Deserialize)]
+pub(crate) struct RedriveForm {
+    csrf: String,
+    queue: String,
+    workflow: String,
+}
+
+/// A dead queue row ready again (`sturdy.redrive(workflow, queue)`).
+pub(crate) async fn redrive_workflow(
+    State(app): State<Shared>,
+    Form(form): Form<RedriveForm>,
+) -> Result<Response, Failure> {
+    if !same(&form.csrf, &app.csrf) {
+        return Err(Failure::refused(
+            StatusCode::FORBIDDEN,
+            "The form's CSRF token is not this server's: reload the page and try again.",
+        ));
+    }
+    let c = app.pool.get().await?;
+    let row = c
+        .query_one(
+            "SELECT sturdy.redrive($1::text, $2::text)",
+            &[&form.workflow, &form.queue],
+        )
+        .await?;
+    let done: Option<bool> = row.get(0);
+    let note = if done == Some(true) {
+        "workflow-redriven"
+    } else {
+        "workflow-not-dead"
+    };
+    Ok(Redirect::to(&format!(
+        "/queue?name={}&note={note}",
+        crate::pages::encode(&form.queue)
+    ))
+    .into_response())
+}
+
 pub(crate) async fn cancel(
     State(app): State<Shared>,
     Path(id): Path<i64>,
@@ -362,7 +400,11 @@ pub(crate) async fn cancel(
     let c = app.pool.get().await?;
     let row = c
         .query_one(
-            "SELECT sturdy.transition($1, $2, 'cancelled', $3, error => 'cancelled from sturdy-ui')",
+            "WITH moved AS MATERIALIZED (
+                 SELECT sturdy.transition($1, $2, 'cancelled', $3, error => 'cancelled from sturdy-ui') AS ok)
+             SELECT m.ok, CASE WHEN m.ok THEN (SELECT sturdy.cancel(i.workflow, i.queue) FROM sturdy.instances i
+                                                WHERE i.id = $1) END
+               FROM moved m",
             &[&id, &from, &form.revision],
         )
         .await?;

@@ -258,6 +258,7 @@ pub fn router(config: Config) -> Result<Router, String> {
         .route("/stuck", get(stuck_page))
         .route("/batches", get(batches_page))
         .route("/deliveries/{id}/redrive", post(redrive))
+        .route("/queue/redrive", post(redrive_workflow))
         .route("/instances/{id}/cancel", post(cancel))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(logout))

@@ -47,7 +47,8 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                     (s.figures->>'pending')::int8, (s.figures->>'retrying')::int8, (s.figures->>'dead')::int8,
                     (s.figures->>'oldest_pending_seconds')::float8,
                     (s.figures->>'count')::int8, s.figures->>'value', (s.figures->>'ok')::bool, s.figures->>'meaning',
-                    COALESCE((s.figures->>'estimated')::bool, false), COALESCE((s.figures->>'more')::bool, false)
+                    COALESCE((s.figures->>'estimated')::bool, false), COALESCE((s.figures->>'more')::bool, false),
+                    (s.figures->>'failing')::int8, (s.figures->>'dead')::int8
                FROM unnest(ARRAY['health', 'instances', 'queue', 'outbox']) WITH ORDINALITY AS k(kind, n)
               CROSS JOIN LATERAL (
                     SELECT * FROM sturdy.samples
@@ -149,7 +150,8 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
             h2 { "Queues" }
             table {
                 tr { th { "queue" } th { "ready" } th { "leased" } th { "sleeping" } th { "oldest ready" }
-                     th { "limits" } th { "held back" } th { "depth, last hour" } th { "ended each sample" } }
+                     th { "limits" } th { "held back" } th { "failing" } th { "dead" }
+                     th { "depth, last hour" } th { "ended each sample" } }
                 @for (r, s) in queues.iter().zip(&history) {
                     @let name = text(r, 1);
                     tr {
@@ -159,6 +161,9 @@ pub(crate) async fn overview(State(app): State<Shared>) -> Page {
                         td.n { (seconds(r.get::<_, Option<f64>>(7))) }
                         td { (shown(&limit_of(&name).unwrap_or_default())) }
                         td.n { (int(r, 9)) }
+                        td.n { (int(r, 20)) }
+                        td.n { @if int(r, 21) > 0 { a.bad href=(format!("/queue?name={}", encode(&name))) { (int(r, 21)) } }
+                               @else { "0" } }
                         td { (sparkline(&s.iter().map(|p| p.0).collect::<Vec<_>>(), &format!("{name}: ready and leased, last hour"))) }
                         td { (sparkline(&s.iter().map(|p| p.1).collect::<Vec<_>>(), &format!("{name}: rows ended per minute, last hour"))) }
                     }
@@ -268,6 +273,7 @@ pub(crate) struct QueueQuery {
     /// the keyset of the last row shown: its visible_at (as text) and seq
     after: Option<String>,
     seq: Option<i64>,
+    note: Option<String>,
 }
 
 pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQuery>) -> Page {
@@ -276,18 +282,31 @@ pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQ
         .query(
             "SELECT q.workflow::text, q.visible_at::text, q.seq, q.leased_until::text, q.takes::int8,
                     q.key::text, q.priority::int8, c.owner, c.held_until::text,
-                    q.leased_until > now(), q.visible_at > now()
+                    q.leased_until > now(), q.visible_at > now(), q.attempts::int8
                FROM sturdy.queue q
                LEFT JOIN sturdy.claims c ON c.workflow = q.workflow
               WHERE q.queue = $1
                 AND (q.visible_at, q.seq) > (COALESCE($2::text::timestamptz, '-infinity'), COALESCE($3::int8, 0))
+                AND q.visible_at < 'infinity'
               ORDER BY q.visible_at, q.seq
               LIMIT $4",
             &[&q.name, &q.after, &q.seq, &(PAGE + 1)],
         )
         .await?;
-    let (rows, more) = first(&rows, PAGE);
-    let next = rows.last().filter(|_| more).map(|r| {
+    let (rows, more_rows) = first(&rows, PAGE);
+    // the dead rows: at 'infinity', the end of take's index
+    let dead = c
+        .query(
+            "SELECT q.workflow::text, q.attempts::int8, q.last_error, q.last_sqlstate, q.failed_at::text
+               FROM sturdy.queue q
+              WHERE q.queue = $1 AND q.visible_at = 'infinity'
+              ORDER BY q.seq
+              LIMIT $2",
+            &[&q.name, &(PAGE + 1)],
+        )
+        .await?;
+    let (dead, more_dead) = first(&dead, PAGE);
+    let next = rows.last().filter(|_| more_rows).map(|r| {
         format!(
             "/queue?name={}&after={}&seq={}",
             encode(&q.name),
@@ -299,16 +318,18 @@ pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQ
         "Queue",
         html! {
             h1 { "Queue " code { (shown(&q.name)) } }
+            @if let Some(note) = &q.note { p.ok { (note_text(note)) } }
             p.muted { "Rows in take's order (visible_at, then arrival), " (PAGE) " a page." }
             table {
                 tr { th { "workflow" } th { "state" } th { "visible at" } th { "leased until" } th { "takes" }
-                     th { "key" } th { "priority" } th { "claim held by" } th { "claim until" } }
+                     th { "failed" } th { "key" } th { "priority" } th { "claim held by" } th { "claim until" } }
                 @for r in rows {
                     tr {
                         td { a href=(format!("/instance?q={}", encode(&text(r, 0)))) { (shown(&text(r, 0))) } }
                         td { @if r.get::<_, Option<bool>>(9) == Some(true) { "leased" }
                              @else if r.get::<_, Option<bool>>(10) == Some(true) { "sleeping" } @else { "ready" } }
                         td { (text(r, 1)) } td { (text(r, 3)) } td.n { (int(r, 4)) }
+                        td.n { @if int(r, 11) > 0 { span.bad { (int(r, 11)) } } }
                         td { (shown(&text(r, 5))) } td.n { (int(r, 6)) }
                         td { (shown(&text(r, 7))) } td { (text(r, 8)) }
                     }
@@ -316,6 +337,29 @@ pub(crate) async fn queue_page(State(app): State<Shared>, Query(q): Query<QueueQ
             }
             @if rows.is_empty() { p { "No rows." } }
             @if let Some(next) = next { p { a href=(next) { "Next " (PAGE) " →" } } }
+            h2 { "Dead" }
+            p.muted { "Rows whose passes failed the queue's max_attempts times: never handed out again until redriven." }
+            @if dead.is_empty() { p { "None." } } @else {
+                table {
+                    tr { th { "workflow" } th { "attempts" } th { "last error" } th { "code" } th { "failed at" } th { "" } }
+                    @for r in dead {
+                        tr {
+                            td { a href=(format!("/instance?q={}", encode(&text(r, 0)))) { (shown(&text(r, 0))) } }
+                            td.n { (int(r, 1)) } td { (shown(&text(r, 2))) } td { (shown(&text(r, 3))) } td { (text(r, 4)) }
+                            td { @if app.config.allow_actions {
+                                form.inline method="post" action="/queue/redrive" {
+                                    input type="hidden" name="csrf" value=(app.csrf);
+                                    input type="hidden" name="queue" value=(q.name);
+                                    input type="hidden" name="workflow" value=(text(r, 0));
+                                    button type="submit" { "Redrive" }
+                                }
+                            } }
+                        }
+                    }
+                }
+                @if more_dead { (more(&format!("the first {PAGE} dead rows"), html! {
+                    code { "SELECT * FROM sturdy.queue WHERE visible_at = 'infinity'" } " lists them all." })) }
+            }
         },
     ))
 }
@@ -483,6 +527,8 @@ pub(crate) fn note_text(note: &str) -> &'static str {
         "redriven" => "Redriven: the delivery is pending again, due now.",
         "not-dead" => "Nothing redriven: the delivery is not dead (any more).",
         "cancelled" => "Cancelled.",
+        "workflow-redriven" => "Redriven: the workflow is ready again, its attempts reset.",
+        "workflow-not-dead" => "Nothing redriven: the workflow is not dead (any more).",
         "moved-on" => "Not cancelled: the instance moved on since the page was shown.",
         _ => "",
     }

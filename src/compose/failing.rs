@@ -1,0 +1,85 @@
+//! `fail` and `cancel`: a pass's end that reaches past the queue. A row
+//! that dies fails its workflow's instance; a cancelled row's pass, if one
+//! may still run, is fenced out of its claim.
+
+use pg_sturdy_macros::sql_function;
+use pgrx::datum::TimestampWithTimeZone;
+
+use crate::args;
+use crate::claim;
+use crate::datum::Text;
+use crate::error::{Error, Result};
+use crate::queue;
+use crate::workflow;
+
+#[sql_function(
+    "sturdy.fail(workflow text, receipt timestamptz, error text, queue text DEFAULT 'default',
+                 retry_at timestamptz DEFAULT NULL, code text DEFAULT NULL)
+     RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue's backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). False, and nothing written, for a stale receipt."
+)]
+fn fail(
+    workflow: Option<Text>,
+    receipt: Option<TimestampWithTimeZone>,
+    error: Option<Text>,
+    queue: Option<Text>,
+    retry_at: Option<TimestampWithTimeZone>,
+    code: Option<Text>,
+) -> Result<bool> {
+    let workflow = args::name("workflow", workflow)?;
+    let receipt = args::required("receipt", receipt)?;
+    let queue = args::name("queue", queue)?;
+    if let Some(at) = retry_at
+        && !at.is_finite()
+    {
+        return Err(Error::Invalid {
+            arg: "retry_at",
+            why: format!("must be a finite time, got {at}"),
+            hint: "Pass when the row should be handed out again, or NULL for the queue's backoff; cancel a row that should never run.",
+        });
+    }
+    if let Some(c) = code
+        && !(c.bytes().len() == 5
+            && c.bytes()
+                .iter()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()))
+    {
+        return Err(Error::Invalid {
+            arg: "code",
+            why: format!(
+                "must be five digits or capital letters, got {:?}",
+                c.lossy()
+            ),
+            hint: "Pass a SQLSTATE-like code such as 40001 or the error's own, or NULL.",
+        });
+    }
+    match queue::fail_pass(workflow, receipt, error, queue, retry_at, code)? {
+        None => Ok(false),
+        Some(dead) => {
+            if dead {
+                workflow::fail_instances(&[workflow.bytes().to_vec()], error)?;
+            }
+            Ok(true)
+        }
+    }
+}
+
+#[sql_function(
+    "sturdy.cancel(workflow text, queue text DEFAULT 'default') RETURNS boolean VOLATILE PARALLEL UNSAFE",
+    comment = "Remove the workflow's row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim's token fenced (its writes raise SD001). False when there is no such row."
+)]
+fn cancel(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
+    let workflow = args::name("workflow", workflow)?;
+    let queue = args::name("queue", queue)?;
+    match queue::cancel_row(workflow, queue)? {
+        None => Ok(false),
+        Some(taken) => {
+            if taken {
+                // the pass that took it (running, or its lease run out and
+                // its worker perhaps alive) writes nothing more
+                claim::fence_out(workflow)?;
+            }
+            Ok(true)
+        }
+    }
+}
