@@ -55,7 +55,10 @@ static FAIL: Statement = Statement {
                          LEAST(p.max_secs, p.secs OPERATOR(pg_catalog.*)
                                    pg_catalog.power(2::pg_catalog.float8, LEAST(COALESCE(q.attempts, 0), 62)::pg_catalog.float8))
                          OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+) (p.jitter
-                             OPERATOR(pg_catalog.*) ((2::pg_catalog.float8 OPERATOR(pg_catalog.*) pg_catalog.random()) OPERATOR(pg_catalog.-) 1::pg_catalog.float8)))))
+                             OPERATOR(pg_catalog.*) ((2::pg_catalog.float8 OPERATOR(pg_catalog.*)
+                             ((pg_catalog.hashtextextended(q.workflow, COALESCE(q.attempts, 0)::pg_catalog.int8)
+                               OPERATOR(pg_catalog.&) 16777215)::pg_catalog.float8 OPERATOR(pg_catalog./) 16777216::pg_catalog.float8))
+                             OPERATOR(pg_catalog.-) 1::pg_catalog.float8)))))
                  END,
                  taken_at = NULL, leased_until = NULL,
                  last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = COALESCE($9, pg_catalog.now())
@@ -209,9 +212,12 @@ fn fail_at(
     if ready {
         wake_if_waited(queue)?;
     }
-    // the pass ends here: its place goes back to the queue
-    let limited = limits::ended(queue, workflow, receipt)?;
-    limits::freed(queue, limited)?;
+    // the pass ends here: its place goes back to the queue (a lapsed
+    // pass's place is free already: its receipt has passed)
+    if since.is_none() {
+        let limited = limits::ended(queue, workflow, receipt)?;
+        limits::freed(queue, limited)?;
+    }
     Ok(Some(dead))
 }
 
