@@ -55,7 +55,7 @@ def test_distribute_places_every_table_and_runs_again_harmlessly():
         assert by == {
             "sturdy.claims": "workflow", "sturdy.checkpoints": "workflow",
             "sturdy.queue": "queue", "sturdy.queue_limits": "queue", "sturdy.queue_places": "queue",
-            "sturdy.queue_key_places": "queue", "sturdy.queue_waiters": "queue",
+            "sturdy.queue_key_places": "queue", "sturdy.queue_waiters": "queue", "sturdy.queue_retry": "queue",
         }, placed
         assert group["sturdy.claims"] == group["sturdy.checkpoints"]
         assert len({group[t] for t in by if by[t] == "queue"}) == 1

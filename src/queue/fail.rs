@@ -37,24 +37,36 @@ const MAX_BACKOFF_SECONDS: f64 = 365.0 * 86_400.0;
 /// The characters of an error `fail` keeps.
 const ERROR_CHARS: i32 = 1_000;
 
+/// The queue's policy, where it has one: `max_attempts` and, in seconds,
+/// `backoff` and `max_backoff`; `jitter`. Read apart from the row's update
+/// so that each statement stays on the queue's shard under Citus.
+static POLICY: Statement = Statement {
+    sql: "SELECT max_attempts, pg_catalog.date_part('epoch', backoff), pg_catalog.date_part('epoch', max_backoff), jitter
+            FROM sturdy.queue_retry WHERE queue OPERATOR(pg_catalog.=) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
 /// Record the failure of the pass (`$1` workflow, `$2` receipt, `$4`
 /// queue) at `$9` (NULL: now) under the receipt rule: one more attempt,
-/// the error (`$3`, cut to its first 1,000 characters) and code (`$6`), and
-/// the row visible again at `$5` or after the queue's backoff from `$9`, or
-/// dead (`'infinity'`) at its `max_attempts`. Returns whether it is dead and whether it is ready
-/// now. The policy is read in the same statement (colocated with the queue
-/// under Citus, so it stays on the queue's shard).
+/// the error (`$3`, cut to `$7` characters) and code (`$6`), and the row
+/// visible again at `$5`, or after the backoff from `$9` (`$10` seconds
+/// doubled for each failure before, at most `$11`, moved by up to `$12` of
+/// itself by a fraction drawn from the workflow and the attempt), or dead
+/// (`'infinity'`) at `$8` failures. Returns whether it is dead, whether it
+/// is ready now, and whether it is ready since before now.
 static FAIL: Statement = Statement {
     sql: "UPDATE sturdy.queue q
              SET attempts = COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1,
                  visible_at = CASE
-                     WHEN COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) p.max_attempts
+                     WHEN COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) $8
                          THEN 'infinity'::pg_catalog.timestamptz
                      WHEN $5 IS NOT NULL THEN $5
                      ELSE COALESCE($9, pg_catalog.now()) OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
-                         LEAST(p.max_secs, p.secs OPERATOR(pg_catalog.*)
+                         LEAST($11, $10 OPERATOR(pg_catalog.*)
                                    pg_catalog.power(2::pg_catalog.float8, LEAST(COALESCE(q.attempts, 0), 62)::pg_catalog.float8))
-                         OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+) (p.jitter
+                         OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+) ($12
                              OPERATOR(pg_catalog.*) ((2::pg_catalog.float8 OPERATOR(pg_catalog.*)
                              ((pg_catalog.hashtextextended(q.workflow, COALESCE(q.attempts, 0)::pg_catalog.int8)
                                OPERATOR(pg_catalog.&) 16777215)::pg_catalog.float8 OPERATOR(pg_catalog./) 16777216::pg_catalog.float8))
@@ -62,12 +74,6 @@ static FAIL: Statement = Statement {
                  END,
                  taken_at = NULL, leased_until = NULL,
                  last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = COALESCE($9, pg_catalog.now())
-            FROM (SELECT COALESCE(r.max_attempts, $8) AS max_attempts,
-                         pg_catalog.date_part('epoch', COALESCE(r.backoff, '1 second'::pg_catalog.interval)) AS secs,
-                         pg_catalog.date_part('epoch', COALESCE(r.max_backoff, '1 hour'::pg_catalog.interval)) AS max_secs,
-                         COALESCE(r.jitter, 0.1::pg_catalog.float8) AS jitter
-                    FROM (SELECT) AS one
-                    LEFT JOIN sturdy.queue_retry r ON r.queue OPERATOR(pg_catalog.=) $4) p
            WHERE q.queue OPERATOR(pg_catalog.=) $4 AND q.workflow OPERATOR(pg_catalog.=) $1
              AND q.leased_until OPERATOR(pg_catalog.=) $2
           RETURNING q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz,
@@ -83,6 +89,9 @@ static FAIL: Statement = Statement {
         pg_sys::INT4OID,
         pg_sys::INT4OID,
         pg_sys::TIMESTAMPTZOID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
+        pg_sys::FLOAT8OID,
     ],
     writes: true,
     generic: false,
@@ -178,6 +187,20 @@ fn fail_at(
     code: Option<Text>,
     since: Option<TimestampWithTimeZone>,
 ) -> Result<Option<bool>> {
+    // the queue's policy, or the defaults
+    let (max_attempts, backoff, max_backoff, jitter) = run_one(&POLICY, &[queue.into()], |t| {
+        if t.is_empty() {
+            return Ok(None);
+        }
+        let row = t.first();
+        Ok(Some((
+            row.get::<i32>(1)?,
+            row.get::<f64>(2)?,
+            row.get::<f64>(3)?,
+            row.get::<f64>(4)?,
+        )))
+    })?
+    .map_or((None, None, None, None), |p| p);
     let outcome = run_one(
         &FAIL,
         &[
@@ -188,8 +211,13 @@ fn fail_at(
             retry_at.map_or_else(plan::null::<TimestampWithTimeZone>, Into::into),
             code.map_or_else(plan::null::<Text>, Into::into),
             ERROR_CHARS.into(),
-            DEFAULT_MAX_ATTEMPTS.into(),
+            max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS).into(),
             since.map_or_else(plan::null::<TimestampWithTimeZone>, Into::into),
+            backoff.unwrap_or(DEFAULT_BACKOFF as f64 / 1e6).into(),
+            max_backoff
+                .unwrap_or(DEFAULT_MAX_BACKOFF as f64 / 1e6)
+                .into(),
+            jitter.unwrap_or(DEFAULT_JITTER).into(),
         ],
         |t| {
             if t.is_empty() {
@@ -271,7 +299,7 @@ fn retry_queue(
     )?;
     let backoff = wait("backoff", backoff, DEFAULT_BACKOFF)?;
     let max_backoff = wait("max_backoff", max_backoff, DEFAULT_MAX_BACKOFF)?;
-    let jitter = jitter.unwrap_or(0.1);
+    let jitter = jitter.unwrap_or(DEFAULT_JITTER);
     if !(0.0..=1.0).contains(&jitter) {
         return Err(Error::Invalid {
             arg: "jitter",
@@ -283,7 +311,7 @@ fn retry_queue(
     if max_attempts == DEFAULT_MAX_ATTEMPTS
         && parts(backoff) == (0, 0, DEFAULT_BACKOFF)
         && parts(max_backoff) == (0, 0, DEFAULT_MAX_BACKOFF)
-        && jitter == 0.1
+        && jitter == DEFAULT_JITTER
     {
         return run_one(&CLEAR_RETRY, &[queue.into()], |_| Ok(()));
     }
@@ -299,6 +327,9 @@ fn retry_queue(
         |_| Ok(()),
     )
 }
+
+/// `retry_queue`'s default jitter: a tenth.
+const DEFAULT_JITTER: f64 = 0.1;
 
 /// `retry_queue`'s default waits, in µs: a second and an hour.
 const DEFAULT_BACKOFF: i64 = 1_000_000;
