@@ -8,8 +8,9 @@
 //!
 //! A failure is counted on the row (`attempts`); the row becomes visible
 //! again after a backoff that doubles with each failure, up to a ceiling,
-//! moved by a random fraction (jitter) so that rows failing together do not
-//! come back together; at the queue's `max_attempts` failures it is dead:
+//! moved by a fraction of itself (jitter, drawn from a hash of the workflow
+//! and the attempt) so that rows failing together do not come back
+//! together; at the queue's `max_attempts` failures it is dead:
 //! `visible_at` is `'infinity'`, past every take's `visible_at <= now()`,
 //! so no take ever reaches it or holds a place for it, and its error, code,
 //! count and time stay on it. A row where nothing failed has all four
@@ -23,7 +24,6 @@ use super::*;
 /// failures so spaced take about 13 hours: a poison row is dead within a
 /// day, and a dependency down for an afternoon does not kill what waits on
 /// it.
-/// (`sql.rs`'s `retry_max` says 25 too.)
 pub(super) const DEFAULT_MAX_ATTEMPTS: i32 = 25;
 
 /// The most `max_attempts` a policy may set: past it a row would in effect
