@@ -413,7 +413,7 @@ def test_an_update_on_the_coordinator_then_distribute_and_the_calls_work():
         assert (w, token) == ("up-1", 2)
         assert c.execute("SELECT sturdy.finish('up-1', 2, %s, queue => 'upq')", (receipt,)).fetchone() == (True,)
         assert c.execute("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'sturdy.%'"
-                         ).fetchone() == (7,)
+                         ).fetchone() == (8,)
 
 
 def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before():

@@ -49,7 +49,7 @@ static POLICY: Statement = Statement {
 };
 
 /// Record the failure of the pass (`$1` workflow, `$2` receipt, `$4`
-/// queue) at `$9` (NULL: now) under the receipt rule: one more attempt,
+/// queue) at `$9` under the receipt rule: one more attempt,
 /// the error (`$3`, cut to `$7` characters) and code (`$6`), and the row
 /// visible again at `$5`, or after the backoff from `$9` (`$10` seconds
 /// doubled for each failure before, at most `$11`, moved by up to `$12` of
@@ -63,7 +63,7 @@ static FAIL: Statement = Statement {
                      WHEN COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) $8
                          THEN 'infinity'::pg_catalog.timestamptz
                      WHEN $5 IS NOT NULL THEN $5
-                     ELSE COALESCE($9, pg_catalog.now()) OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
+                     ELSE $9 OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
                          LEAST($11, $10 OPERATOR(pg_catalog.*)
                                    pg_catalog.power(2::pg_catalog.float8, LEAST(COALESCE(q.attempts, 0), 62)::pg_catalog.float8))
                          OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+) ($12
@@ -73,7 +73,7 @@ static FAIL: Statement = Statement {
                              OPERATOR(pg_catalog.-) 1::pg_catalog.float8)))))
                  END,
                  taken_at = NULL, leased_until = NULL,
-                 last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = COALESCE($9, pg_catalog.now())
+                 last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = $9
            WHERE q.queue OPERATOR(pg_catalog.=) $4 AND q.workflow OPERATOR(pg_catalog.=) $1
              AND q.leased_until OPERATOR(pg_catalog.=) $2
           RETURNING q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz,
@@ -212,7 +212,9 @@ fn fail_at(
             code.map_or_else(plan::null::<Text>, Into::into),
             ERROR_CHARS.into(),
             max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS).into(),
-            since.map_or_else(plan::null::<TimestampWithTimeZone>, Into::into),
+            // (now() given, not written in the statement: Citus refuses a
+            // function that is not IMMUTABLE in an update's CASE)
+            since.unwrap_or_else(pgrx::datum::now).into(),
             backoff.unwrap_or(DEFAULT_BACKOFF as f64 / 1e6).into(),
             max_backoff
                 .unwrap_or(DEFAULT_MAX_BACKOFF as f64 / 1e6)
