@@ -54,8 +54,8 @@ static POLICY: Statement = Statement {
 /// visible again at `$5`, or after the backoff from `$9` (`$10` seconds
 /// doubled for each failure before, at most `$11`, moved by up to `$12` of
 /// itself by a fraction drawn from the workflow and the attempt), or dead
-/// (`'infinity'`) at `$8` failures. Returns whether it is dead, whether it
-/// is ready now, and whether it is ready since before now.
+/// (`'infinity'`) at `$8` failures; `$13` is `$9` in seconds since 1970.
+/// Returns the row's new `visible_at`.
 static FAIL: Statement = Statement {
     sql: "UPDATE sturdy.queue q
              SET attempts = COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1,
@@ -63,7 +63,7 @@ static FAIL: Statement = Statement {
                      WHEN COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 OPERATOR(pg_catalog.>=) $8
                          THEN 'infinity'::pg_catalog.timestamptz
                      WHEN $5 IS NOT NULL THEN $5
-                     ELSE $9 OPERATOR(pg_catalog.+) pg_catalog.make_interval(0, 0, 0, 0, 0, 0, (
+                     ELSE pg_catalog.to_timestamp($13 OPERATOR(pg_catalog.+) (
                          LEAST($11, $10 OPERATOR(pg_catalog.*)
                                    pg_catalog.power(2::pg_catalog.float8, LEAST(COALESCE(q.attempts, 0), 62)::pg_catalog.float8))
                          OPERATOR(pg_catalog.*) (1::pg_catalog.float8 OPERATOR(pg_catalog.+) ($12
@@ -76,9 +76,7 @@ static FAIL: Statement = Statement {
                  last_error = pg_catalog.\"left\"($3, $7), last_sqlstate = $6, failed_at = $9
            WHERE q.queue OPERATOR(pg_catalog.=) $4 AND q.workflow OPERATOR(pg_catalog.=) $1
              AND q.leased_until OPERATOR(pg_catalog.=) $2
-          RETURNING q.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz,
-                    q.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now(),
-                    q.visible_at OPERATOR(pg_catalog.<) pg_catalog.now()",
+          RETURNING q.visible_at",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::TIMESTAMPTZOID,
@@ -89,6 +87,7 @@ static FAIL: Statement = Statement {
         pg_sys::INT4OID,
         pg_sys::INT4OID,
         pg_sys::TIMESTAMPTZOID,
+        pg_sys::FLOAT8OID,
         pg_sys::FLOAT8OID,
         pg_sys::FLOAT8OID,
         pg_sys::FLOAT8OID,
@@ -201,6 +200,12 @@ fn fail_at(
         )))
     })?
     .map_or((None, None, None, None), |p| p);
+    // the failure's time, given (`$9`) and as seconds since 1970 (`$13`):
+    // the retry time is `to_timestamp`'s, the one form Citus accepts in an
+    // update's CASE (it refuses now() and timestamptz + interval there,
+    // which are not IMMUTABLE)
+    let at = since.unwrap_or_else(pgrx::datum::now);
+    let epoch = pg_sys::TimestampTz::from(at) as f64 / 1e6 + 946_684_800.0;
     let outcome = run_one(
         &FAIL,
         &[
@@ -212,25 +217,24 @@ fn fail_at(
             code.map_or_else(plan::null::<Text>, Into::into),
             ERROR_CHARS.into(),
             max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS).into(),
-            // (now() given, not written in the statement: Citus refuses a
-            // function that is not IMMUTABLE in an update's CASE)
-            since.unwrap_or_else(pgrx::datum::now).into(),
+            at.into(),
             backoff.unwrap_or(DEFAULT_BACKOFF as f64 / 1e6).into(),
             max_backoff
                 .unwrap_or(DEFAULT_MAX_BACKOFF as f64 / 1e6)
                 .into(),
             jitter.unwrap_or(DEFAULT_JITTER).into(),
+            epoch.into(),
         ],
         |t| {
             if t.is_empty() {
                 return Ok(None);
             }
-            let row = t.first();
-            Ok(Some((
-                row.get::<bool>(1)?.unwrap_or(false),
-                row.get::<bool>(2)?.unwrap_or(false),
-                row.get::<bool>(3)?.unwrap_or(false),
-            )))
+            // (compared here: Citus refuses now() in an update's RETURNING)
+            let Some(visible) = t.first().get_one::<TimestampWithTimeZone>()? else {
+                return Ok(None);
+            };
+            let now = pgrx::datum::now();
+            Ok(Some((!visible.is_finite(), visible <= now, visible < now)))
         },
     )?;
     let Some((dead, ready, past)) = outcome else {
