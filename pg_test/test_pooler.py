@@ -122,7 +122,7 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("stuck", "SELECT count(*) FROM sturdy.stuck('1 hour')") == (0,)
     assert call("sample", "SELECT sturdy.sample() > 0") == (True,)
     assert call("sweep", "SELECT string_agg(kind, ',' ORDER BY kind) FROM sturdy.sweep('7 days', 10)") == \
-        ("checkpoints,claims,idempotency_keys,instances,key_places,outbox,queue,samples",)
+        ("checkpoints,claims,dead,idempotency_keys,instances,key_places,lapsed,outbox,queue,samples",)
     assert call("batch", "SELECT done FROM sturdy.batch('pooled_app.rows', 'state = $1', 'state = $2',"
                 " ARRAY['half', 'new'], 25)") == (25,)
     call("batch_start", "SELECT sturdy.batch_start('pooled-job', 'pooled_app.rows', 'state = $1', 'state = $2',"

@@ -1193,8 +1193,9 @@ REVOKE ALL ON SCHEMA sturdy FROM PUBLIC;
 
 
 -- sweep also trims the per_key limit's places of keys gone from their queue
--- and the dashboard's samples (src/compose/sweep.rs): two more kinds in its
--- result.
-ALTER FUNCTION sturdy.sweep(interval, integer) ROWS 8;
+-- and the dashboard's samples (src/compose/sweep.rs), counts leases that ran
+-- out with no take to meet them and removes dead queue rows (failing
+-- passes): four more kinds in its result.
+ALTER FUNCTION sturdy.sweep(interval, integer) ROWS 10;
 COMMENT ON FUNCTION sturdy.sweep(older_than interval, max integer) IS
-    'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, at most max expired idempotency keys, the free per_key places of at most max keys with no row left in their queue, and at most max of the dashboard''s samples older than a day (or than older_than, where shorter). Counts per kind; call it again (pg_cron) until the counts are zero.';
+    'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, at most max expired idempotency keys, the free per_key places of at most max keys with no row left in their queue, at most max leases run out with no take to meet them counted as failed passes (lapsed: among the first max ready rows of each queue), at most max dead queue rows that died before now() - older_than, and at most max of the dashboard''s samples older than a day (or than older_than, where shorter). Counts per kind; call it again (pg_cron) until the counts are zero.';

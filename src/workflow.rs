@@ -1350,15 +1350,15 @@ mod tests {
         };
         assert_eq!(
             sweep(2),
-            "checkpoints=2 claims=0 idempotency_keys=1 instances=2 key_places=0 outbox=0 queue=2 samples=0"
+            "checkpoints=2 claims=0 dead=0 idempotency_keys=1 instances=2 key_places=0 lapsed=0 outbox=0 queue=2 samples=0"
         );
         assert_eq!(
             sweep(2),
-            "checkpoints=1 claims=0 idempotency_keys=0 instances=1 key_places=0 outbox=0 queue=1 samples=0"
+            "checkpoints=1 claims=0 dead=0 idempotency_keys=0 instances=1 key_places=0 lapsed=0 outbox=0 queue=1 samples=0"
         );
         assert_eq!(
             sweep(2),
-            "checkpoints=0 claims=0 idempotency_keys=0 instances=0 key_places=0 outbox=0 queue=0 samples=0"
+            "checkpoints=0 claims=0 dead=0 idempotency_keys=0 instances=0 key_places=0 lapsed=0 outbox=0 queue=0 samples=0"
         );
         assert_eq!(
             text("SELECT string_agg(business_key, ',' ORDER BY id) FROM sturdy.instances")

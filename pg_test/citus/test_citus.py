@@ -288,6 +288,34 @@ def test_sweep_is_bounded_and_removes_what_belongs_to_each_instance():
         assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'sweepq'").fetchone() == (1,)
 
 
+def test_sweep_counts_leases_run_out_and_removes_long_dead_rows_on_every_shard():
+    """sweep's failing passes through the coordinator: a lease that ran out
+    with no take to meet it is counted (from its end) on each queue's shard,
+    and a row dead past the retention is removed."""
+    queues = [f"swl-{n}" for n in range(6)]
+    with connect() as c:
+        assert len(nodes_holding(c, "sturdy.queue", queues)) > 1, "the queues span the workers"
+        for q in queues:
+            c.execute("SELECT sturdy.retry_queue(%s, max_attempts => 5, backoff => '1 hour', jitter => 0)", (q,))
+            c.execute("SELECT sturdy.schedule('w', now() - interval '1 minute', %s)", (q,))
+            c.execute("SELECT sturdy.schedule('d', now() + interval '1 hour', %s)", (q,))
+            assert c.execute("SELECT workflow FROM sturdy.take(%s, '10 minutes')", (q,)).fetchall() == [("w",)]
+        ended, died = c.execute("SELECT now() - interval '1 minute', now() - interval '8 days'").fetchone()
+        for q in queues:
+            # the worker went away a minute ago; 'd' died 8 days ago
+            c.execute("UPDATE sturdy.queue SET leased_until = %s WHERE queue = %s AND workflow = 'w'", (ended, q))
+            c.execute("UPDATE sturdy.queue SET visible_at = 'infinity', attempts = 5, failed_at = %s"
+                      " WHERE queue = %s AND workflow = 'd'", (died, q))
+        swept = dict(c.execute("SELECT kind, deleted FROM sturdy.sweep()").fetchall())
+        assert swept["lapsed"] >= len(queues) and swept["dead"] >= len(queues), swept
+        rows = c.execute(
+            "SELECT queue, workflow, attempts, last_error, leased_until IS NULL, visible_at = %s + interval '1 hour'"
+            " FROM sturdy.queue WHERE queue LIKE 'swl-%%' ORDER BY queue", (ended,)).fetchall()
+        assert rows == [(q, "w", 1, "the lease ran out", True, True) for q in queues]
+        again = dict(c.execute("SELECT kind, deleted FROM sturdy.sweep()").fetchall())
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue LIKE 'swl-%%' AND attempts > 1").fetchone() == (0,), again
+
+
 def test_a_running_limit_holds_across_concurrent_takers():
     """running = 2 on a queue 4 clients take from: never more than 2 passes
     leased at once, and every row done once."""
@@ -537,7 +565,7 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         c.execute("CALL sturdy.batch_all('every_app.rows', 'state = $1', 'state = $2', ARRAY['new', 'done'])")
         assert c.execute("SELECT count(*) FROM every_app.rows WHERE state = 'new'").fetchone() == (50,)
         assert call("sample", "SELECT sturdy.sample() > 0") == (True,)
-        assert call("sweep", "SELECT count(*) FROM sturdy.sweep('7 days', 10)") == (8,)
+        assert call("sweep", "SELECT count(*) FROM sturdy.sweep('7 days', 10)") == (10,)
         call("grant_usage", "SELECT sturdy.grant_usage('every_user')")
         call("distribute", "SELECT sturdy.distribute()")
         for view in ("queue_stats", "outbox_stats", "batch_jobs", "health"):

@@ -447,3 +447,154 @@ pub(crate) fn cancel_row(workflow: Name, queue: Name) -> Result<Option<bool>> {
     limits::freed(queue, limited)?;
     Ok(Some(leased.is_some()))
 }
+
+/// The first queue name after `$1` (`''`: the first of all): one probe of
+/// the primary key a name, however many rows each queue has.
+static NEXT_QUEUE: Statement = Statement {
+    sql: "SELECT pg_catalog.min(q.queue) FROM sturdy.queue q WHERE q.queue OPERATOR(pg_catalog.>) $1",
+    args: &[pg_sys::TEXTOID],
+    writes: false,
+    generic: false,
+};
+
+/// Among the first `$2` ready rows of queue `$1` in take's order (where
+/// the leases a take left sit), those whose lease has run out: (workflow,
+/// lease end).
+static LAPSED_HEAD: Statement = Statement {
+    sql: "SELECT h.workflow, h.leased_until
+            FROM (SELECT x.workflow, x.leased_until FROM sturdy.queue x
+                   WHERE x.queue OPERATOR(pg_catalog.=) $1 AND x.visible_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+                   ORDER BY x.visible_at, x.seq
+                   LIMIT $2) h
+           WHERE h.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now()",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
+    writes: false,
+    generic: false,
+};
+
+/// The row (`$1` queue, `$2` workflow), locked unless a taker holds it,
+/// where its lease `$3` has run out and no one has counted it since.
+static LOCK_LAPSED: Statement = Statement {
+    sql: "SELECT 1 FROM sturdy.queue x
+           WHERE x.queue OPERATOR(pg_catalog.=) $1 AND x.workflow OPERATOR(pg_catalog.=) $2
+             AND x.leased_until OPERATOR(pg_catalog.=) $3 AND x.leased_until OPERATOR(pg_catalog.<=) pg_catalog.now()
+             FOR UPDATE SKIP LOCKED",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
+    writes: true,
+    generic: false,
+};
+
+/// At most `$3` dead rows of queue `$1` that died before `now() - $2`,
+/// the longest dead first, skipping any another session holds.
+static DEAD_OLD: Statement = Statement {
+    sql: "SELECT x.workflow FROM sturdy.queue x
+           WHERE x.queue OPERATOR(pg_catalog.=) $1 AND x.visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz
+             AND x.failed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $2)
+           ORDER BY x.failed_at
+           LIMIT $3
+             FOR UPDATE SKIP LOCKED",
+    args: &[pg_sys::TEXTOID, pg_sys::INTERVALOID, pg_sys::INT4OID],
+    writes: true,
+    generic: false,
+};
+
+/// The dead row (`$1` queue, `$2` workflow) gone (locked by [`DEAD_OLD`]).
+static DELETE_DEAD: Statement = Statement {
+    sql: "DELETE FROM sturdy.queue
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+             AND visible_at OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// `sweep`'s part on failing passes: how many leases that ran out it
+/// counted as failures, how many dead rows it removed, and the workflows of
+/// the rows that died of a counted lapse (their instances are the caller's
+/// to fail, with [`LAPSED`]).
+pub(crate) struct Swept {
+    pub(crate) lapsed: i64,
+    pub(crate) dead: i64,
+    pub(crate) died: Vec<Vec<u8>>,
+}
+
+/// One bounded batch, queue by queue: among the first `max` ready rows of
+/// each queue in take's order, the leases that ran out with no take to meet
+/// them (the workers gone) counted as failures, as a take counts them (from
+/// the lease's end, rows a taker holds left to it), and dead rows that
+/// died before `now() - older_than` removed, the longest dead first. At
+/// most `max` of each in all.
+pub(crate) fn sweep_failing(older_than: Interval, max: i32) -> Result<Swept> {
+    let mut swept = Swept {
+        lapsed: 0,
+        dead: 0,
+        died: Vec::new(),
+    };
+    let mut after: Vec<u8> = Vec::new();
+    while swept.lapsed < i64::from(max) || swept.dead < i64::from(max) {
+        let next = run_one(&NEXT_QUEUE, &[Text::from_bytes(&after).into()], |t| {
+            Ok(first_value::<Text>(t)?.map(|q| q.bytes().to_vec()))
+        })?;
+        let Some(name) = next else { break };
+        let queue = args::name("queue", Some(Text::from_bytes(&name)))?;
+        // (dead rows first: a row that dies of a lapse counted below stays
+        // at least until the next call, to be seen)
+        if swept.dead < i64::from(max) {
+            let left = max - swept.dead as i32;
+            let old: Vec<Vec<u8>> =
+                plan::run_rows(&DEAD_OLD, &[queue.into(), older_than.into(), left.into()], |r| {
+                    Ok((0..r.len())
+                        .filter_map(|i| Some(r.text_bytes(i, 1)?.to_vec()))
+                        .collect())
+                })?;
+            for workflow in old {
+                let w = Text::from_bytes(&workflow);
+                // (no RETURNING: the count of rows processed says it)
+                if run_one(&DELETE_DEAD, &[queue.into(), w.into()], |t| Ok(!t.is_empty()))? {
+                    swept.dead += 1;
+                }
+            }
+        }
+        if swept.lapsed < i64::from(max) {
+            let left = max - swept.lapsed as i32;
+            let met: Vec<(Vec<u8>, pg_sys::TimestampTz)> =
+                plan::run_rows(&LAPSED_HEAD, &[queue.into(), max.into()], |r| {
+                    Ok((0..r.len())
+                        .filter_map(|i| Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?)))
+                        .take(left as usize)
+                        .collect())
+                })?;
+            for (workflow, lease_end) in met {
+                let Ok(receipt) = TimestampWithTimeZone::try_from(lease_end) else {
+                    continue;
+                };
+                let w = args::name("workflow", Some(Text::from_bytes(&workflow)))?;
+                let locked = run_one(
+                    &LOCK_LAPSED,
+                    &[queue.into(), w.into(), receipt.into()],
+                    |t| Ok(!t.is_empty()),
+                )?;
+                if !locked {
+                    continue;
+                }
+                let counted = fail_at(
+                    w,
+                    receipt,
+                    Some(Text::new(LAPSED)),
+                    queue,
+                    None,
+                    None,
+                    Some(receipt),
+                )?;
+                if let Some(dead) = counted {
+                    swept.lapsed += 1;
+                    if dead {
+                        swept.died.push(workflow);
+                    }
+                }
+            }
+        }
+        after = name;
+    }
+    Ok(swept)
+}

@@ -292,3 +292,80 @@ fn cancel_removes_any_row_and_fences_the_pass_under_way() {
     assert_eq!(sqlstate_of("SELECT sturdy.cancel(NULL, 'cq')"), "22004");
     assert_eq!(sqlstate_of("SELECT sturdy.cancel('', 'cq')"), "22023");
 }
+
+/// sweep counts a lease that ran out with no take to meet it, as a take
+/// would (from the lease's end; a row at its last attempt dies and fails
+/// its instance), leaves live leases alone, removes dead rows past the
+/// retention and keeps younger ones, within `max` of each, queue by queue.
+#[pg_test]
+fn sweep_counts_leases_run_out_and_removes_long_dead_rows() {
+    Spi::run(
+        "SELECT sturdy.retry_queue('sq', max_attempts => 2, backoff => '1 hour', jitter => 0);
+         SELECT sturdy.start('proc', 'bk-sweep', queue => 'sq');
+         SELECT sturdy.schedule('plain', now() - interval '3 minutes', 'sq');
+         SELECT sturdy.schedule('live', now() - interval '2 minutes', 'sq');
+         SELECT sturdy.schedule('olddead', now(), 'sq');
+         SELECT sturdy.schedule('newdead', now(), 'sq');
+         SELECT sturdy.schedule('otherdead', now(), 'sq2');
+         UPDATE sturdy.queue SET visible_at = now() - interval '4 minutes'
+          WHERE queue = 'sq' AND workflow NOT IN ('plain', 'live', 'olddead', 'newdead');
+         UPDATE sturdy.queue SET visible_at = 'infinity', attempts = 2, last_error = 'x',
+                failed_at = now() - interval '8 days'
+          WHERE workflow IN ('olddead', 'otherdead');
+         UPDATE sturdy.queue SET visible_at = 'infinity', attempts = 2, last_error = 'x',
+                failed_at = now() - interval '1 day'
+          WHERE workflow = 'newdead'",
+    )
+    .unwrap();
+    assert_eq!(one::<i64>("SELECT count(*) FROM sturdy.take('sq', '10 minutes', 3)"), Some(3));
+    // two passes whose workers went away: their leases ended half an hour
+    // ago; the instance's row was at its last attempt
+    Spi::run(
+        "UPDATE sturdy.queue SET leased_until = now() - interval '30 minutes'
+          WHERE queue = 'sq' AND leased_until IS NOT NULL AND workflow <> 'live';
+         UPDATE sturdy.queue SET attempts = 1
+          WHERE queue = 'sq' AND workflow NOT IN ('plain', 'live', 'olddead', 'newdead')",
+    )
+    .unwrap();
+    let swept = |max: i32| {
+        Spi::run(&format!(
+            "DROP TABLE IF EXISTS s; CREATE TEMP TABLE s AS SELECT * FROM sturdy.sweep('7 days', {max})"
+        ))
+        .unwrap();
+        (
+            one::<i64>("SELECT deleted FROM s WHERE kind = 'lapsed'"),
+            one::<i64>("SELECT deleted FROM s WHERE kind = 'dead'"),
+        )
+    };
+    assert_eq!(swept(1), (Some(1), Some(1)), "max bounds each kind");
+    assert_eq!(swept(1000), (Some(1), Some(1)), "the rest, in the other queue too");
+    assert_eq!(swept(1000), (Some(0), Some(0)), "nothing counted twice");
+    let row = |w: &str| {
+        one::<String>(&format!(
+            "SELECT format('%s %s %s', attempts, last_error,
+                           CASE WHEN visible_at = 'infinity' THEN 'dead' ELSE (visible_at - now())::text END)
+               FROM sturdy.queue WHERE workflow = {w} AND leased_until IS NULL"
+        ))
+    };
+    assert_eq!(
+        row("'plain'").as_deref(),
+        Some("1 the lease ran out 00:30:00"),
+        "backed off from the lease's end"
+    );
+    assert_eq!(
+        row("(SELECT workflow FROM sturdy.status('bk-sweep'))").as_deref(),
+        Some("2 the lease ran out dead"),
+        "its last attempt"
+    );
+    assert_eq!(row("'newdead'").as_deref(), Some("2 x dead"), "dead for a day: kept");
+    assert_eq!(count("sturdy.queue WHERE workflow IN ('olddead', 'otherdead')"), 0);
+    assert_eq!(
+        one::<String>("SELECT status || ': ' || last_error FROM sturdy.status('bk-sweep')").as_deref(),
+        Some("failed: the lease ran out")
+    );
+    assert_eq!(
+        one::<bool>("SELECT leased_until > now() FROM sturdy.queue WHERE workflow = 'live'"),
+        Some(true),
+        "a live lease is not a failure"
+    );
+}

@@ -80,7 +80,7 @@ mod tests {
 }
 
 pub(crate) use done::{Removal, remove as remove_done};
-pub(crate) use fail::{LAPSED, cancel_row, fail_pass, take_died};
+pub(crate) use fail::{LAPSED, cancel_row, fail_pass, sweep_failing, take_died};
 use fail::{count_lapsed, note_lapsed};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
