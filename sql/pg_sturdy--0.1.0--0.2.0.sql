@@ -300,7 +300,7 @@ CREATE FUNCTION sturdy.fail(workflow text, receipt timestamptz, error text, queu
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_fail';
 COMMENT ON FUNCTION sturdy.fail(workflow text, receipt timestamptz, error text, queue text, retry_at timestamptz, code text) IS
-    'The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue''s backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). False, and nothing written, for a stale receipt.';
+    'The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue''s backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). The pass is over: the workflow''s claim is fenced (the failed pass''s writes raise SD001; the retry claims at once). False, and nothing written, for a stale receipt.';
 CREATE FUNCTION sturdy.retry_queue(queue text, max_attempts integer DEFAULT 25, backoff interval DEFAULT '1 second', max_backoff interval DEFAULT '1 hour', jitter float8 DEFAULT 0.1) RETURNS void VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_retry_queue';

@@ -1,6 +1,6 @@
 //! `fail` and `cancel`: a pass's end that reaches past the queue. A row
-//! that dies fails its workflow's instance; a cancelled row's pass, if one
-//! may still run, is fenced out of its claim.
+//! that dies fails its workflow's instance; a failed pass, and a cancelled
+//! row's pass if one may still run, is fenced out of its claim.
 
 use pg_sturdy_macros::sql_function;
 use pgrx::datum::TimestampWithTimeZone;
@@ -16,7 +16,7 @@ use crate::workflow;
     "sturdy.fail(workflow text, receipt timestamptz, error text, queue text DEFAULT 'default',
                  retry_at timestamptz DEFAULT NULL, code text DEFAULT NULL)
      RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue's backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). False, and nothing written, for a stale receipt."
+    comment = "The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue's backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). The pass is over: the workflow's claim is fenced (the failed pass's writes raise SD001; the retry claims at once). False, and nothing written, for a stale receipt."
 )]
 fn fail(
     workflow: Option<Text>,
@@ -56,6 +56,10 @@ fn fail(
     match queue::fail_pass(workflow, receipt, error, queue, retry_at, code)? {
         None => Ok(false),
         Some(dead) => {
+            // the pass is over: its claim (a take's with claim => true) is
+            // free for the retry at once, and whatever the failed pass
+            // still tries to write is refused (SD001)
+            claim::fence_out(workflow)?;
             if dead {
                 workflow::fail_instances(&[workflow.bytes().to_vec()], error)?;
             }

@@ -107,6 +107,28 @@ fn fail_at_a_time_given_and_done_after_fail_is_false() {
     );
 }
 
+/// A failed pass is over: taken with a claim, its token is fenced (its
+/// writes raise SD001) and the retry, due at once, claims the workflow at
+/// once instead of finding it held until the old lease's end.
+#[pg_test]
+fn fail_fences_the_failed_pass_and_frees_its_claim_for_the_retry() {
+    Spi::run("SELECT sturdy.schedule('w', now() - interval '1 minute', 'fq')").unwrap();
+    Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('fq', '10 minutes', claim => true)").unwrap();
+    assert_eq!(one::<bool>("SELECT token IS NOT NULL FROM t"), Some(true));
+    assert_eq!(fail_t(", retry_at => now()"), Some(true));
+    assert_eq!(
+        sqlstate_of("SELECT sturdy.record(workflow, 'late', '1', token) FROM t"),
+        "SD001",
+        "the failed pass writes nothing more"
+    );
+    assert_eq!(
+        one::<String>("SELECT format('%s %s %s', n.workflow, n.attempt, n.token > t.token) FROM sturdy.take('fq', '10 minutes', claim => true) n, t")
+            .as_deref(),
+        Some("w 2 t"),
+        "the retry holds the claim"
+    );
+}
+
 /// Without a policy a queue retries as retry_queue's defaults: a second,
 /// doubled, with a tenth of jitter; 25 attempts.
 #[pg_test]
