@@ -112,6 +112,36 @@ class Finishes:
         return len(self.finished) >= n
 
 
+def failing_pass(workflow, attempt):
+    """Whether the crash and failover loads fail this pass (`fail`) rather
+    than finish it: one workflow in five (`job-N`, N a multiple of 5) fails
+    its first two attempts."""
+    return int(workflow.rsplit("-", 1)[1]) % 5 == 0 and attempt < 3
+
+
+def attempt_problems(seen, crashes, workers):
+    """What the attempts the takes handed out (`seen`: workflow -> the
+    attempts, in any order) say was lost or invented. Every pass a take
+    hands out either fails (`fail`, or its lease runs out, counted by the
+    next take) or ends the row, so a workflow's attempts are 1, 2, 3, ...
+    each once. A repeat is a failure that was not counted; a number missing
+    is one counted that no pass made, except where a crash kept a take's
+    commit and lost its answer (that lease then runs out and counts): one
+    number a workflow per crash, one take a worker per crash."""
+    problems, missing = [], 0
+    for workflow, attempts in seen.items():
+        distinct = sorted(set(attempts))
+        if len(distinct) < len(attempts):
+            problems.append(f"{workflow}: attempts {sorted(attempts)} repeat (a failure lost)")
+        gaps = distinct[-1] - len(distinct)
+        if gaps > crashes:
+            problems.append(f"{workflow}: attempts {distinct} skip {gaps} (failures invented)")
+        missing += gaps
+    if missing > crashes * workers:
+        problems.append(f"{missing} attempts skipped in all, more than {workers} takes in flight at each of {crashes} crashes")
+    return problems
+
+
 def needs(*names):
     """The values of these environment variables; the test is skipped (and
     counted, with the reason) where one is unset."""

@@ -1,9 +1,12 @@
-"""Crash: a load of workers (take with a claim, record, finish) and pumps
-(emit, pump with a subscriber that inserts a row), killed with `kill -9`,
-once of one backend (the postmaster then resets every backend and recovers)
-and once of the postmaster itself (restarted here). After each: every write
-a commit acknowledged is there, nothing half-done is visible, leases held at
-the crash lapse and their rows are taken again, and the load drains.
+"""Crash: a load of workers (take with a claim, record, finish; one
+workflow in five fails its first two passes) and pumps (emit, pump with a
+subscriber that inserts a row), killed with `kill -9`, once of one backend
+(the postmaster then resets every backend and recovers) and once of the
+postmaster itself (restarted here). After each: every write a commit
+acknowledged is there, nothing half-done is visible, leases held at the
+crash lapse and their rows are taken again, and the load drains; over it
+all, each workflow's attempts were counted once each, none lost and none
+invented (`sturdy.attempt_problems`).
 
 Run last by scripts/suites.sh, on its own: it kills the suites' cluster.
 Its tests run in order, each on what the one before left.
@@ -17,7 +20,7 @@ import time
 import psycopg
 import pytest
 
-from sturdy import SERVER as CONN, Finishes, lost_connection, needs
+from sturdy import SERVER as CONN, Finishes, attempt_problems, failing_pass, lost_connection, needs
 
 DB = "sturdy_crash"
 JOBS, EVENTS, LEASE = 6000, 400, 2
@@ -28,6 +31,7 @@ CREATE TABLE public.sink (outbox bigint PRIMARY KEY);
 CREATE FUNCTION public.to_sink(m sturdy.outbox, attempt int) RETURNS void LANGUAGE sql
   AS 'INSERT INTO public.sink VALUES (m.id)';
 SELECT sturdy.subscribe('crash.e', 'public.to_sink(sturdy.outbox, integer)', 20);
+SELECT sturdy.retry_queue('crash', backoff => '0 seconds', jitter => 0);
 SELECT sturdy.schedule('job-' || i, now() - interval '1 s', 'crash') FROM generate_series(1, {JOBS}) i;
 SELECT sturdy.emit('crash.e', to_jsonb(i)) FROM generate_series(1, {EVENTS}) i;
 """
@@ -63,7 +67,7 @@ class Load(Finishes):
 
     def __init__(self, killed=True):
         self.finished, self.lock, self.stop = set(), threading.Lock(), threading.Event()
-        self.killed, self.errors = killed, []
+        self.killed, self.errors, self.attempts = killed, [], {}
 
     def failed(self, e):
         if not (self.killed and lost_connection(e)):
@@ -75,12 +79,17 @@ class Load(Finishes):
         try:
             with connect() as c:
                 while not self.stop.is_set():
-                    row = c.execute(f"SELECT workflow, receipt, token FROM sturdy.take('crash', '{LEASE} s', 1, true)"
-                                    ).fetchone()
+                    row = c.execute("SELECT workflow, receipt, token, attempt"
+                                    f" FROM sturdy.take('crash', '{LEASE} s', 1, true)").fetchone()
                     if row is None:
                         return
-                    workflow, receipt, token = row
+                    workflow, receipt, token, attempt = row
+                    with self.lock:
+                        self.attempts.setdefault(workflow, []).append(attempt)
                     if token is None:  # its claim is still held: leave it for later
+                        continue
+                    if failing_pass(workflow, attempt):
+                        c.execute("SELECT sturdy.fail(%s, %s, 'planned', 'crash')", (workflow, receipt))
                         continue
                     c.execute("SELECT * FROM sturdy.record(%s, 'work', '1', %s)", (workflow, token))
                     c.execute("SELECT sturdy.finish(%s, %s, %s, 'final', '\"done\"', queue => 'crash')",
@@ -137,7 +146,7 @@ def drain():
     for t in load.threads:
         t.join()
     with connect() as c:
-        return load.errors, c.execute("SELECT (SELECT count(*) FROM sturdy.queue WHERE queue = 'crash'),"
+        return load, c.execute("SELECT (SELECT count(*) FROM sturdy.queue WHERE queue = 'crash'),"
                          " (SELECT count(DISTINCT workflow) FROM sturdy.checkpoints WHERE step = 'final'),"
                          " (SELECT count(*) FROM sturdy.deliveries WHERE state <> 'done'),"
                          " (SELECT count(*) FROM public.sink)").fetchone()
@@ -160,7 +169,12 @@ def state():
         c.execute(f"CREATE DATABASE {DB}")
     with connect() as c:
         c.execute(SETUP)
-    return {"acked": set()}
+    return {"acked": set(), "attempts": {}}
+
+
+def keep_attempts(state, load):
+    for workflow, attempts in load.attempts.items():
+        state["attempts"].setdefault(workflow, []).extend(attempts)
 
 
 def test_a_kill_of_a_backend_mid_load_loses_nothing_acknowledged(state):
@@ -176,6 +190,7 @@ def test_a_kill_of_a_backend_mid_load_loses_nothing_acknowledged(state):
     load.join()
     wait_up()
     problems = check_consistent(load.finished) + load.errors[:3]
+    keep_attempts(state, load)
     print(f"     {len(load.finished)} acknowledged finishes before the kill")
     assert not problems, problems
     state["acked"] |= load.finished
@@ -206,13 +221,28 @@ def test_a_kill_of_the_postmaster_mid_load_loses_nothing_acknowledged(state):
     assert started.returncode == 0, started.stderr or started.stdout
     wait_up()
     state["acked"] |= load.finished
+    keep_attempts(state, load)
     print(f"     {len(load.finished)} acknowledged finishes before the kill, {len(state['acked'])} in all")
     problems = check_consistent(state["acked"]) + load.errors[:3]
     assert not problems, problems
 
 
 def test_leases_held_at_the_crash_lapse_and_the_load_drains_without_an_error(state):
-    errors, (queued, finals, undelivered, sink) = drain()
-    assert (queued, finals, undelivered, sink) == (0, JOBS, 0, EVENTS) and not errors, \
+    load, (queued, finals, undelivered, sink) = drain()
+    assert (queued, finals, undelivered, sink) == (0, JOBS, 0, EVENTS) and not load.errors, \
         (f"{queued} still queued, {finals} finished of {JOBS}, {undelivered} undelivered, "
-         f"{sink} subscriber rows of {EVENTS}; errors: {errors[:3]}")
+         f"{sink} subscriber rows of {EVENTS}; errors: {load.errors[:3]}")
+    keep_attempts(state, load)
+
+
+def test_each_attempt_was_counted_once_across_both_crashes(state):
+    """Every workflow was taken (the drain finished them all); the failing
+    ones at least three times, their two planned failures counted across
+    the kills."""
+    seen = state["attempts"]
+    assert len(seen) == JOBS, f"{len(seen)} of {JOBS} workflows were ever taken"
+    short = [w for w, a in seen.items() if failing_pass(w, 1) and max(a) < 3]
+    problems = attempt_problems(seen, crashes=2, workers=3)
+    retried = sum(1 for a in seen.values() if max(a) > 1)
+    print(f"     {retried} workflows taken more than once")
+    assert not short and not problems, (short[:3], problems[:5])

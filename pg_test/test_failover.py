@@ -1,11 +1,13 @@
 """Failover: a primary and a synchronous standby on loopback (streaming
 replication, synchronous_commit = on), both started here as the postgres OS
-user. Under a load of workers (take with a claim, record, finish), the
-primary is stopped with -m immediate and the standby promoted; the workers
-reconnect to it. Every finish a commit acknowledged is on the new primary,
-nothing is half-done, fencing tokens go on from where they were (a claim on
-the new primary beats every token issued on the old one), and the queue
-drains with no row handed to two takers. Its tests run in order, each on
+user. Under a load of workers (take with a claim, record, finish; one
+workflow in five fails its first two passes), the primary is stopped with
+-m immediate and the standby promoted; the workers reconnect to it. Every
+finish a commit acknowledged is on the new primary, nothing is half-done,
+fencing tokens go on from where they were (a claim on the new primary beats
+every token issued on the old one), the queue drains with no row handed to
+two takers, and each workflow's attempts were counted once each across the
+failover, none lost and none invented. Its tests run in order, each on
 what the one before left.
 """
 import datetime
@@ -18,7 +20,7 @@ import time
 import psycopg
 import pytest
 
-from sturdy import Finishes, lost_connection, needs
+from sturdy import Finishes, attempt_problems, failing_pass, lost_connection, needs
 
 BINDIR = os.environ.get("STURDY_BINDIR", "")
 DIR = os.environ.get("STURDY_FAILOVER_DIR", "/tmp/pg_sturdy_failover")
@@ -75,6 +77,7 @@ def setup():
     start(STANDBY)
     with psycopg.connect(dsn(PRIMARY, PORT), autocommit=True) as c:
         c.execute("CREATE EXTENSION pg_sturdy")
+        c.execute("SELECT sturdy.retry_queue('fo', backoff => '0 seconds', jitter => 0)")
         c.execute(f"SELECT sturdy.schedule('job-' || i, now() - interval '1 s', 'fo') FROM generate_series(1, {JOBS}) i")
         for _ in range(60):
             state = c.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
@@ -92,6 +95,7 @@ class Load(Finishes):
     def __init__(self, node, port, killed=True):
         self.node, self.port, self.killed = node, port, killed
         self.finished, self.tokens, self.taken, self.errors = set(), {}, [], []
+        self.attempts, self.failed = {}, set()
         self.lock, self.stop = threading.Lock(), threading.Event()
 
 
@@ -99,16 +103,22 @@ class Load(Finishes):
         try:
             with psycopg.connect(dsn(self.node, self.port), autocommit=True) as c:
                 while not self.stop.is_set():
-                    row = c.execute(f"SELECT workflow, receipt, token FROM sturdy.take('fo', '{LEASE} s', 1, true)"
-                                    ).fetchone()
+                    row = c.execute("SELECT workflow, receipt, token, attempt"
+                                    f" FROM sturdy.take('fo', '{LEASE} s', 1, true)").fetchone()
                     if row is None:
                         return
-                    workflow, receipt, token = row
+                    workflow, receipt, token, attempt = row
                     with self.lock:
                         self.taken.append((workflow, receipt))
+                        self.attempts.setdefault(workflow, []).append(attempt)
                         if token is not None:
                             self.tokens[workflow] = max(token, self.tokens.get(workflow, 0))
                     if token is None:
+                        continue
+                    if failing_pass(workflow, attempt):
+                        if c.execute("SELECT sturdy.fail(%s, %s, 'planned', 'fo')", (workflow, receipt)).fetchone()[0]:
+                            with self.lock:
+                                self.failed.add((workflow, receipt))  # its lease ended here
                         continue
                     try:
                         c.execute("SELECT * FROM sturdy.record(%s, 'work', '1', %s)", (workflow, token))
@@ -220,12 +230,32 @@ def test_the_load_resumes_on_the_new_primary_and_drains_never_handing_a_row_out_
                                " (SELECT count(DISTINCT workflow) FROM sturdy.checkpoints WHERE step = 'final')"
                                ).fetchone()
     # at once: a take whose lease began (its receipt less the lease) before
-    # the lease of the workflow's take before it ended
+    # the lease of the workflow's take before it ended (at its receipt, or
+    # where that pass failed)
     leases = {}
     for workflow, receipt in drain.taken:
         leases.setdefault(workflow, []).append(receipt)
     lapse = datetime.timedelta(seconds=LEASE)
-    twice = sorted(w for w, rs in leases.items() if any(b - lapse < a for a, b in zip(sorted(rs), sorted(rs)[1:])))
+    twice = sorted(w for w, rs in leases.items()
+                   if any(b - lapse < a and (w, a) not in drain.failed for a, b in zip(sorted(rs), sorted(rs)[1:])))
     assert (left, done) == (0, JOBS) and not twice and not drain.errors, \
         (f"{left} left, {done} of {JOBS} finished, {len(twice)} taken twice at once {twice[:3]};"
          f" errors {drain.errors[:3]}")
+    failed_over[0].drained = drain
+
+
+def test_each_attempt_was_counted_once_across_the_failover(failed_over):
+    """Over the load on the old primary and the drain on the new one (the
+    test before): the failing workflows' two planned failures, and the
+    leases the failover cut short, each counted once."""
+    load = failed_over[0]
+    drain = getattr(load, "drained", None)
+    assert drain is not None, "the drain did not run"
+    seen = {}
+    for part in (load, drain):
+        for workflow, attempts in part.attempts.items():
+            seen.setdefault(workflow, []).extend(attempts)
+    assert len(seen) == JOBS, f"{len(seen)} of {JOBS} workflows were ever taken"
+    short = [w for w, a in seen.items() if failing_pass(w, 1) and max(a) < 3]
+    problems = attempt_problems(seen, crashes=1, workers=3)
+    assert not short and not problems, (short[:3], problems[:5])
