@@ -36,9 +36,9 @@ AS_PG = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 SCRIPTS = {
     "wake_at": "SELECT workflow, receipt FROM sturdy.take('fb', '1 minute') \\gset\n"
-               "SELECT sturdy.wake_at(:'workflow', :'receipt', now(), 'fb');\n",
+               "SELECT sturdy.wake_at(:workflow, :receipt, now(), 'fb');\n",
     "fail": "SELECT workflow, receipt FROM sturdy.take('fb', '1 minute') \\gset\n"
-            "SELECT sturdy.fail(:'workflow', :'receipt', 'x', 'fb', retry_at => now());\n",
+            "SELECT sturdy.fail(:workflow, :receipt, 'x', 'fb', retry_at => now());\n",
     "lapse": "SELECT count(*) FROM sturdy.take('fl', '1 microsecond');\n",
 }
 
