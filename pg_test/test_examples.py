@@ -80,7 +80,9 @@ def test_an_example_worker_finishes_every_job_once_through_a_kill_and_a_stop(lan
             c.execute(f"DELETE FROM sturdy.{table} WHERE workflow LIKE %s", (prefix + "%",))
         c.execute("DELETE FROM sturdy.queue WHERE queue = %s", (queue,))
         c.execute("SELECT sturdy.schedule(%s || i, now(), %s) FROM generate_series(1, %s) i", (prefix, queue, JOBS))
-    env = dict(os.environ, NODE_PATH=os.path.join(os.environ.get("NODE_DIR", "/opt/pg_sturdy/node"), "node_modules"))
+    env = dict(os.environ, NODE_PATH=os.path.join(os.environ.get("NODE_DIR", "/opt/pg_sturdy/node"), "node_modules"),
+               # the Python example runs on the client of this checkout
+               PYTHONPATH=os.path.join(ROOT, "clients", "python", "src"))
     cmd = command(language, route, queue, rust_worker, bouncer)
     start = lambda: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     workers = [start(), start()]

@@ -80,6 +80,8 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("wake_at", "SELECT sturdy.wake_at(%s, %s, now() + interval '1 hour', 'pooled')", w, receipt) == (True,)
     w2, receipt2, _ = call("take", "SELECT workflow, receipt, token FROM sturdy.take('pooled')")
     assert w2 == "pooled-q2"
+    (receipt2,) = call("extend", "SELECT sturdy.extend(%s, %s, '5 minutes', 'pooled')", w2, receipt2)
+    assert receipt2 is not None
     assert call("done", "SELECT sturdy.done(%s, %s, 'pooled')", w2, receipt2) == (True,)
     call("schedule", "SELECT sturdy.schedule('pooled-q3', now(), 'pooled')")
     rows = next(turn).execute("SELECT workflow, receipt FROM sturdy.take('pooled', max => 5)").fetchall()

@@ -55,6 +55,9 @@ pytest_run() { # log name, then what pytest gets
     return "${PIPESTATUS[0]}"
 }
 pytest_run pytest pg_test --ignore=pg_test/test_crash.py --ignore=pg_test/citus || status=1
+# The Python client (clients/python): its calls, its worker, and its
+# examples, against this server and through PgBouncer in transaction mode.
+pytest_run pytest_client clients/python/tests || status=1
 # On 15 the takes share their floors only with the library preloaded; the
 # take tests once more on a cluster without it, each connection by its own.
 if "$bindir/postgres" --version | grep -q ' 15\.'; then

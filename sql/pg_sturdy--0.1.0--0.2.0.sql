@@ -318,6 +318,12 @@ CREATE FUNCTION sturdy.cancel(workflow text, queue text DEFAULT 'default') RETUR
 COMMENT ON FUNCTION sturdy.cancel(workflow text, queue text) IS
     'Remove the workflow''s row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim''s token fenced (its writes raise SD001). False when there is no such row.';
 
+CREATE FUNCTION sturdy.extend(workflow text, receipt timestamptz, lease interval, queue text DEFAULT 'default') RETURNS timestamptz VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_extend';
+COMMENT ON FUNCTION sturdy.extend(workflow text, receipt timestamptz, lease interval, queue text) IS
+    'Keep a pass''s row for lease from now: where the receipt still matches and has not passed, the row''s lease (and any place a running or per_key limit holds for the pass) ends at now() + lease, returned as the pass''s new receipt for done, finish, wake_at, fail and the next extend. NULL, and nothing written, for a stale receipt or a lease that ran out.';
+
 -- Flow control (src/queue/limits.rs).
 CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL, per_second float8 DEFAULT NULL, burst integer DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER

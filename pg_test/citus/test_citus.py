@@ -517,6 +517,8 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         assert call("done_many", "SELECT sturdy.done_many(%s, %s, 'every-q')",
                     [w for w, _ in rows[1:]], [r for _, r in rows[1:]]) == (2,)
         (w, r) = c.execute("SELECT workflow, receipt FROM sturdy.take('every-q')").fetchone()
+        (r,) = call("extend", "SELECT sturdy.extend(%s, %s, '5 minutes', 'every-q')", w, r)
+        assert r is not None
         assert call("wake_at", "SELECT sturdy.wake_at(%s, %s, now() + interval '1 hour', 'every-q')", w, r) == (True,)
         assert call("arrive", "SELECT sturdy.arrive(%s, 'approved', 'true', 'every-q')", w) == (True,)
         (w, r, t) = c.execute("SELECT workflow, receipt, token FROM sturdy.take('every-q', claim => true)").fetchone()

@@ -391,3 +391,68 @@ fn sweep_counts_leases_run_out_and_removes_long_dead_rows() {
         "a live lease is not a failure"
     );
 }
+
+/// extend keeps a pass's row for longer: a new receipt from now, which
+/// done then needs (the old one is stale); a stale receipt or a lease run
+/// out gets NULL and writes nothing; the places of a running and a per-key
+/// limit move with the pass, so the limit still counts it.
+#[pg_test]
+fn extend_moves_the_lease_and_the_places_of_the_pass() {
+    Spi::run(
+        "SELECT sturdy.limit_queue('xq', running => 1);
+         SELECT sturdy.limit_queue('xk', per_key => 1);
+         SELECT sturdy.schedule('w', now() - interval '1 minute', 'xq');
+         SELECT sturdy.schedule('next', now() - interval '1 minute', 'xq');
+         SELECT sturdy.schedule('k1', now() - interval '1 minute', 'xk', key => 'a');
+         SELECT sturdy.schedule('k2', now() - interval '1 minute', 'xk', key => 'a')",
+    )
+    .unwrap();
+    Spi::run("CREATE TEMP TABLE t AS SELECT * FROM sturdy.take('xq', '1 minute')").unwrap();
+    Spi::run("CREATE TEMP TABLE tk AS SELECT * FROM sturdy.take('xk', '1 minute')").unwrap();
+    assert_eq!(
+        one::<bool>("SELECT sturdy.extend(workflow, receipt, '10 minutes', 'xq') = now() + interval '10 minutes' FROM t"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<bool>("SELECT sturdy.extend(workflow, receipt, '10 minutes', 'xq') IS NULL FROM t"),
+        Some(true),
+        "the old receipt is stale"
+    );
+    assert_eq!(
+        one::<bool>("SELECT leased_until = now() + interval '10 minutes' FROM sturdy.queue WHERE workflow = 'w'"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<bool>("SELECT receipt = now() + interval '10 minutes' FROM sturdy.queue_places WHERE queue = 'xq' AND workflow = 'w'"),
+        Some(true),
+        "the running place moved with the pass"
+    );
+    assert_eq!(
+        one::<bool>("SELECT sturdy.extend(workflow, receipt, '5 minutes', 'xk') IS NOT NULL FROM tk"),
+        Some(true)
+    );
+    assert_eq!(
+        one::<bool>("SELECT receipt = now() + interval '5 minutes' FROM sturdy.queue_key_places WHERE queue = 'xk' AND workflow = 'k1'"),
+        Some(true),
+        "the key's place moved with the pass"
+    );
+    assert_eq!(
+        one::<bool>("SELECT sturdy.done(workflow, receipt, 'xq') FROM t"),
+        Some(false),
+        "done needs the new receipt"
+    );
+    assert_eq!(
+        one::<bool>("SELECT sturdy.done('w', now() + interval '10 minutes', 'xq')"),
+        Some(true)
+    );
+    // a lease that ran out is a failed pass, not one to keep
+    Spi::run("UPDATE sturdy.queue SET leased_until = now() - interval '1 second' WHERE workflow = 'k1'").unwrap();
+    assert_eq!(
+        one::<bool>("SELECT sturdy.extend('k1', now() - interval '1 second', '5 minutes', 'xk') IS NULL"),
+        Some(true)
+    );
+    assert_eq!(sqlstate_of("SELECT sturdy.extend('w', NULL, '1 minute', 'xq')"), "22004");
+    assert_eq!(sqlstate_of("SELECT sturdy.extend(NULL, now(), '1 minute', 'xq')"), "22004");
+    assert_eq!(sqlstate_of("SELECT sturdy.extend('w', now(), '0', 'xq')"), "22023");
+    assert_eq!(sqlstate_of("SELECT sturdy.extend('w', now(), '1 minute', '')"), "22023");
+}

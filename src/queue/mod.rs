@@ -59,6 +59,7 @@ use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, time_param};
 
 mod done;
+mod extend;
 mod fail;
 mod floor;
 mod keyed;

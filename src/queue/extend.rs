@@ -1,0 +1,63 @@
+//! `extend`: a pass that needs longer than its lease keeps its row. The
+//! lease is the receipt, so a longer one is a new receipt, handed back; the
+//! places a running or per-key limit holds for the pass move with it, so a
+//! limit still counts the pass while it runs. Without it a long pass would
+//! see its lease run out, which counts as a failure (`fail.rs`), and its row
+//! taken again beside it.
+
+use super::*;
+
+/// The row's lease moved to `$4` where its receipt is still `$2` and has
+/// not passed (`$5`, now): a lease that ran out is a failed pass, which a
+/// take may be counting at this moment. `leased_until` is in no index: HOT.
+static EXTEND: Statement = Statement {
+    sql: "UPDATE sturdy.queue SET leased_until = $4
+           WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
+             AND leased_until OPERATOR(pg_catalog.=) $2 AND leased_until OPERATOR(pg_catalog.>) $5",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TIMESTAMPTZOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+#[sql_function(
+    "sturdy.extend(workflow text, receipt timestamptz, lease interval, queue text DEFAULT 'default')
+     RETURNS timestamptz VOLATILE PARALLEL UNSAFE",
+    comment = "Keep a pass's row for lease from now: where the receipt still matches and has not passed, the row's lease (and any place a running or per_key limit holds for the pass) ends at now() + lease, returned as the pass's new receipt for done, finish, wake_at, fail and the next extend. NULL, and nothing written, for a stale receipt or a lease that ran out."
+)]
+fn extend(
+    workflow: Option<Text>,
+    receipt: Option<TimestampWithTimeZone>,
+    lease: Option<Interval>,
+    queue: Option<Text>,
+) -> Result<Option<TimestampWithTimeZone>> {
+    let workflow = args::name("workflow", workflow)?;
+    let receipt = args::required("receipt", receipt)?;
+    let lease = args::lease("lease", lease)?;
+    let queue = args::name("queue", queue)?;
+    let now = pgrx::datum::now();
+    // as take computes a receipt: now() + lease in the session's time zone
+    let renewed = args::plus(now, lease);
+    // (no RETURNING: the count of rows processed says it)
+    let moved = run_one(
+        &EXTEND,
+        &[
+            workflow.into(),
+            receipt.into(),
+            queue.into(),
+            renewed.into(),
+            now.into(),
+        ],
+        |t| Ok(!t.is_empty()),
+    )?;
+    if !moved {
+        return Ok(None);
+    }
+    limits::moved(queue, workflow, receipt, renewed)?;
+    Ok(Some(renewed))
+}
