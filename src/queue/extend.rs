@@ -44,7 +44,7 @@ fn extend(
     // as take computes a receipt: now() + lease in the session's time zone
     let renewed = args::plus(now, lease);
     // (no RETURNING: the count of rows processed says it)
-    let moved = run_one(
+    let kept = run_one(
         &EXTEND,
         &[
             workflow.into(),
@@ -55,9 +55,71 @@ fn extend(
         ],
         |t| Ok(!t.is_empty()),
     )?;
-    if !moved {
+    if !kept {
         return Ok(None);
     }
-    limits::moved(queue, workflow, receipt, renewed)?;
+    move_places(queue, workflow, receipt, renewed)?;
     Ok(Some(renewed))
+}
+
+/// A pass's places (`$2` workflow, `$3` receipt) given its new receipt
+/// `$4` (`extend`).
+static MOVE_PLACE: [Statement; 2] = [
+    Statement {
+        sql: "UPDATE sturdy.queue_places SET receipt = $4
+               WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+                 AND receipt OPERATOR(pg_catalog.=) $3",
+        args: &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TIMESTAMPTZOID,
+            pg_sys::TIMESTAMPTZOID,
+        ],
+        writes: true,
+        generic: false,
+    },
+    // (by the key of the pass's row, as FREE_PLACE finds it)
+    Statement {
+        sql: "UPDATE sturdy.queue_key_places SET receipt = $4
+               WHERE queue OPERATOR(pg_catalog.=) $1
+                 AND key OPERATOR(pg_catalog.=) (SELECT q.key FROM sturdy.queue q
+                                                  WHERE q.queue OPERATOR(pg_catalog.=) $1
+                                                    AND q.workflow OPERATOR(pg_catalog.=) $2)
+                 AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3",
+        args: &[
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            pg_sys::TIMESTAMPTZOID,
+            pg_sys::TIMESTAMPTZOID,
+        ],
+        writes: true,
+        generic: false,
+    },
+];
+
+/// A pass of `workflow` with `receipt` kept longer (`extend`): its places
+/// of a running or per-key limit take its new receipt, so the limit counts
+/// the pass until then, not until the old receipt passes. (A place this
+/// backend's take wrote and remembers by the old receipt is then found by
+/// statement when the pass ends: `limits::free_placed` matches receipts.)
+fn move_places(
+    queue: Name,
+    workflow: Name,
+    receipt: TimestampWithTimeZone,
+    renewed: TimestampWithTimeZone,
+) -> Result<()> {
+    let set = limits::of(queue)?;
+    for held in set.iter().flat_map(limits::Limits::held) {
+        run_one(
+            &MOVE_PLACE[held],
+            &[
+                queue.into(),
+                workflow.into(),
+                receipt.into(),
+                renewed.into(),
+            ],
+            |_| Ok(()),
+        )?;
+    }
+    Ok(())
 }

@@ -541,16 +541,21 @@ pub(crate) fn sweep_failing(older_than: Interval, max: i32) -> Result<Swept> {
         // at least until the next call, to be seen)
         if swept.dead < i64::from(max) {
             let left = max - swept.dead as i32;
-            let old: Vec<Vec<u8>> =
-                plan::run_rows(&DEAD_OLD, &[queue.into(), older_than.into(), left.into()], |r| {
+            let old: Vec<Vec<u8>> = plan::run_rows(
+                &DEAD_OLD,
+                &[queue.into(), older_than.into(), left.into()],
+                |r| {
                     Ok((0..r.len())
                         .filter_map(|i| Some(r.text_bytes(i, 1)?.to_vec()))
                         .collect())
-                })?;
+                },
+            )?;
             for workflow in old {
                 let w = Text::from_bytes(&workflow);
                 // (no RETURNING: the count of rows processed says it)
-                if run_one(&DELETE_DEAD, &[queue.into(), w.into()], |t| Ok(!t.is_empty()))? {
+                if run_one(&DELETE_DEAD, &[queue.into(), w.into()], |t| {
+                    Ok(!t.is_empty())
+                })? {
                     swept.dead += 1;
                 }
             }

@@ -492,48 +492,13 @@ static FREE_PLACE: [Statement; 2] = [
     },
 ];
 
-/// A pass's places (`$2` workflow, `$3` receipt) given its new receipt
-/// `$4` (`extend`).
-static MOVE_PLACE: [Statement; 2] = [
-    Statement {
-        sql: "UPDATE sturdy.queue_places SET receipt = $4
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
-                 AND receipt OPERATOR(pg_catalog.=) $3",
-        args: &[
-            pg_sys::TEXTOID,
-            pg_sys::TEXTOID,
-            pg_sys::TIMESTAMPTZOID,
-            pg_sys::TIMESTAMPTZOID,
-        ],
-        writes: true,
-        generic: false,
-    },
-    // (by the key of the pass's row, as FREE_PLACE finds it)
-    Statement {
-        sql: "UPDATE sturdy.queue_key_places SET receipt = $4
-               WHERE queue OPERATOR(pg_catalog.=) $1
-                 AND key OPERATOR(pg_catalog.=) (SELECT q.key FROM sturdy.queue q
-                                                  WHERE q.queue OPERATOR(pg_catalog.=) $1
-                                                    AND q.workflow OPERATOR(pg_catalog.=) $2)
-                 AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3",
-        args: &[
-            pg_sys::TEXTOID,
-            pg_sys::TEXTOID,
-            pg_sys::TIMESTAMPTZOID,
-            pg_sys::TIMESTAMPTZOID,
-        ],
-        writes: true,
-        generic: false,
-    },
-];
-
 pub(super) const RUNNING: usize = 0;
 pub(super) const KEYED: usize = 1;
 
 impl Limits {
     /// Which of [`FREE_PLACE`]'s (and [`FREE_PLACES_OF`]'s) tables hold a
     /// pass's places.
-    fn held(&self) -> impl Iterator<Item = usize> {
+    pub(super) fn held(&self) -> impl Iterator<Item = usize> {
         [
             self.running.is_some().then_some(RUNNING),
             self.per_key.is_some().then_some(KEYED),
@@ -845,33 +810,6 @@ pub fn ended(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Res
         )?;
     }
     Ok(limits.is_some_and(|l| l.held().next().is_some()))
-}
-
-/// A pass of `workflow` with `receipt` kept longer (`extend`): its places
-/// of a running or per-key limit take its new receipt, so the limit counts
-/// the pass until then, not until the old receipt passes. (A place this
-/// backend's take wrote and remembers by the old receipt is then found by
-/// statement when the pass ends: [`free_placed`] matches receipts.)
-pub(super) fn moved(
-    queue: Name,
-    workflow: Name,
-    receipt: TimestampWithTimeZone,
-    renewed: TimestampWithTimeZone,
-) -> Result<()> {
-    let limits = of(queue)?;
-    for held in limits.iter().flat_map(Limits::held) {
-        run_one(
-            &MOVE_PLACE[held],
-            &[
-                queue.into(),
-                workflow.into(),
-                receipt.into(),
-                renewed.into(),
-            ],
-            |_| Ok(()),
-        )?;
-    }
-    Ok(())
 }
 
 /// After a pass's end has freed its places and removed or moved its row:
