@@ -139,3 +139,13 @@ def test_no_statement_is_prepared_unless_asked(conn):
     assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
     Sturdy(conn, prepare=True).take("pq")
     assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 1
+
+
+def test_a_connection_that_makes_dicts_still_reads_tuples(dsn):
+    from psycopg.rows import dict_row
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+        s = Sturdy(c)
+        q, w = unique("dq"), unique("w")
+        s.schedule(w, queue=q)
+        [t] = s.take(q)
+        assert t.workflow == w and s.done(w, t.receipt, q) is True

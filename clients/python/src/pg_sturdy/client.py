@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Generic, ParamSpec, TypeVar, overload
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from . import calls
 from .calls import Statement
@@ -90,8 +91,11 @@ class Sturdy:
     def run(self, stmt: Statement[R]) -> R:
         """Run one built call (`calls`) and read its result."""
         try:
-            cur = self.conn.execute(stmt.sql, stmt.params, prepare=self.prepare)
-            rows = cur.fetchall() if cur.description else []
+            # (tuples whatever the connection's row factory: a pool may hand
+            # out connections that make dicts)
+            with self.conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
+                rows = cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             mapped = translate(e)
             if mapped is e:
@@ -154,8 +158,9 @@ class AsyncSturdy:
     async def run(self, stmt: Statement[R]) -> R:
         """Run one built call (`calls`) and read its result."""
         try:
-            cur = await self.conn.execute(stmt.sql, stmt.params, prepare=self.prepare)
-            rows = await cur.fetchall() if cur.description else []
+            async with self.conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
+                rows = await cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             mapped = translate(e)
             if mapped is e:

@@ -45,6 +45,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from .calls import Receipt
 from .client import Sturdy
@@ -58,6 +59,14 @@ _SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
 # A wait with no deadline sleeps this long at most between looks: a value
 # that arrives wakes it at once (`arrive` schedules the workflow).
 _NO_DEADLINE = dt.timedelta(days=3650)
+
+
+def _now(conn: psycopg.Connection[Any]) -> dt.datetime:
+    """The server's time (a tuple row whatever the connection makes)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]
 
 
 class WaitTimeout(Exception):
@@ -146,15 +155,15 @@ class Pass:
             return steps[name]
         deadline: dt.datetime | None = until
         if deadline is None and within is not None:
-            now = self.conn.execute("SELECT now()").fetchone()[0]
+            now = _now(self.conn)
             first = self.step(f"{name}.deadline", lambda: (now + within).isoformat())
             deadline = dt.datetime.fromisoformat(first)
         if deadline is not None:
-            now = self.conn.execute("SELECT now()").fetchone()[0]
+            now = _now(self.conn)
             if now >= deadline:
                 raise WaitTimeout(f"{self.workflow}: no {name!r} by {deadline.isoformat()}")
             raise _Waiting(deadline)
-        now = self.conn.execute("SELECT now()").fetchone()[0]
+        now = _now(self.conn)
         raise _Waiting(now + _NO_DEADLINE)
 
     def _end(self, how: Callable[[], Any]) -> bool:
@@ -236,7 +245,7 @@ class Worker:
                 s = Sturdy(conn, prepare=self.prepare)
 
                 def back() -> None:
-                    now = conn.execute("SELECT now()").fetchone()[0]
+                    now = _now(conn)
                     s.wake_at(p.workflow, p.receipt, now, self.queue)
                     if p.token is not None:
                         s.release(p.workflow, p.token)
@@ -291,7 +300,7 @@ class Worker:
             # its claim is held (a pass that outlived its lease, or a claim
             # of the application's): hand the row back rather than let its
             # lease run out, which would count as a failed attempt
-            now = s.conn.execute("SELECT now()").fetchone()[0]
+            now = _now(s.conn)
             s.wake_at(p.workflow, p.receipt, now + min(self.lease, dt.timedelta(seconds=1)), self.queue)
             return
         with self._lock:

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""What the Python client (clients/python) adds to a pass: passes a second
+on one connection, side by side in one run, of
+
+  by hand   psycopg with the statements written out: take(claim) + load +
+            record + finish, nothing prepared (as behind a pooler)
+  calls     the same four calls through `Sturdy` (its statements name their
+            arguments and cast them; receipts as text)
+  worker    `Worker(concurrency=1)` with a handler of one `p.step`: the same
+            statements, plus what the worker does around a pass (its
+            heartbeat armed and disarmed, the pass's bookkeeping)
+
+Each side runs BENCH_CLIENT_SECONDS (default 5) at a time on a queue of its
+own kept full, the sides interleaved, three repetitions, with
+synchronous_commit on and off; the ratio to "by hand" is taken within each
+repetition. Not a test: it measures and reports (docs/benchmarks.md).
+
+  scripts/bench_client.py         (the release build installed: make install)
+"""
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+import installed_build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python", "src"))
+from pg_sturdy import Pass, Sturdy, Worker  # noqa: E402
+
+DIR = os.environ.get("BENCH_CLIENT_DIR", "/tmp/pg_sturdy_bench_client")
+PORT = os.environ.get("BENCH_CLIENT_PORT", "55449")
+SECONDS = float(os.environ.get("BENCH_CLIENT_SECONDS", "5"))
+REPS = int(os.environ.get("BENCH_CLIENT_REPS", "3"))
+PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
+DSN = f"host={os.path.join(DIR, 'cluster')} port={PORT} user=postgres dbname=bench"
+LEASE = dt.timedelta(seconds=30)
+
+
+def top_up(c, queue, n=30_000):
+    have = c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (queue,)).fetchone()[0]
+    if have < n:
+        c.execute("SELECT count(sturdy.schedule(%s || '-' || g, now() - interval '1 hour', %s))"
+                  " FROM generate_series(%s, %s) g", (queue, queue, int(time.time() * 1e6), int(time.time() * 1e6) + n))
+    c.execute("VACUUM sturdy.queue")
+
+
+def by_hand(seconds):
+    with psycopg.connect(DSN, autocommit=True, prepare_threshold=None) as c:
+        n, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            workflow, receipt, token = c.execute(
+                "SELECT workflow, receipt::text, token FROM sturdy.take('hand', %s, 1, true)", (LEASE,)).fetchone()
+            done = {s for (s,) in c.execute("SELECT step FROM sturdy.load(%s)", (workflow,))}
+            if "work" not in done:
+                c.execute("SELECT * FROM sturdy.record(%s, 'work', %s, %s)", (workflow, Jsonb({"n": n}), token))
+            c.execute("SELECT sturdy.finish(%s, %s, %s::timestamptz, queue => 'hand')", (workflow, token, receipt))
+            n += 1
+        return n
+
+
+def calls(seconds):
+    with psycopg.connect(DSN, autocommit=True) as c:
+        s = Sturdy(c)
+        n, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            [t] = s.take("calls", LEASE, 1, True)
+            if "work" not in {x.step for x in s.load(t.workflow)}:
+                s.record(t.workflow, "work", {"n": n}, t.token)
+            s.finish(t.workflow, t.token, t.receipt, queue="calls")
+            n += 1
+        return n
+
+
+def worker(seconds):
+    count = [0]
+
+    def handle(p: Pass):
+        p.step("work", lambda: {"n": count[0]})
+        count[0] += 1
+
+    w = Worker(DSN, "worker", handle, lease=LEASE)
+    w.start()
+    time.sleep(seconds)
+    w.stop()
+    w.join()
+    return count[0]
+
+
+SIDES = {"by hand": by_hand, "calls": calls, "worker": worker}
+QUEUES = {"by hand": "hand", "calls": "calls", "worker": "worker"}
+
+
+def main():
+    installed_build.require_release(PG_CONFIG)
+    cluster = os.path.join(DIR, "cluster")
+    os.makedirs(DIR, exist_ok=True)
+    subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, PORT,
+                    "shared_preload_libraries = 'pg_sturdy'"], check=True, capture_output=True)
+    results = {}
+    try:
+        with psycopg.connect(f"host={cluster} port={PORT} user=postgres dbname=postgres", autocommit=True) as c:
+            c.execute("DROP DATABASE IF EXISTS bench")
+            c.execute("CREATE DATABASE bench")
+        with psycopg.connect(DSN, autocommit=True) as c:
+            c.execute("CREATE EXTENSION pg_sturdy")
+            for commit in ("on", "off"):
+                c.execute(f"ALTER SYSTEM SET synchronous_commit = {commit}")
+                c.execute("SELECT pg_reload_conf()")
+                for rep in range(REPS):
+                    for side, run in SIDES.items():
+                        top_up(c, QUEUES[side])
+                        rate = run(SECONDS) / SECONDS
+                        results.setdefault((commit, side), []).append(rate)
+                        print(f"{commit} rep {rep + 1} {side:8} {rate:8,.0f} passes/s", file=sys.stderr, flush=True)
+    finally:
+        subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", cluster], capture_output=True)
+    print(f"Passes a second on one connection (median, range of {REPS} runs of {SECONDS:g} s);"
+          " the ratio to by hand taken within each repetition:\n")
+    print("| synchronous_commit | by hand | calls | calls / by hand | worker | worker / by hand |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for commit in ("on", "off"):
+        hand = results[(commit, "by hand")]
+        cell = lambda xs: f"{statistics.median(xs):,.0f} ({min(xs):,.0f}..{max(xs):,.0f})"
+        ratio = lambda side: [a / b for a, b in zip(results[(commit, side)], hand)]
+        rc, rw = ratio("calls"), ratio("worker")
+        print(f"| {commit} | {cell(hand)} | {cell(results[(commit, 'calls')])} | "
+              f"{statistics.median(rc):.2f} ({min(rc):.2f}..{max(rc):.2f}) | {cell(results[(commit, 'worker')])} | "
+              f"{statistics.median(rw):.2f} ({min(rw):.2f}..{max(rw):.2f}) |")
+
+
+if __name__ == "__main__":
+    main()
