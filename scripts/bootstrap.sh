@@ -61,6 +61,14 @@ if ! python3 -c 'import pytest' 2>/dev/null; then
     echo "bootstrap: pip install pytest"
     python3 -m pip install --quiet --disable-pip-version-check 'pytest>=7,<9'
 fi
+# The Python client's store for nl2data-core (clients/python, pg_sturdy.nl2data)
+# is tested with nl2data-workflow-postgres 0.1.0's own tests: the packages
+# they import, and psycopg's pool.
+if ! python3 -c 'import nl2data_workflow_postgres, psycopg_pool' 2>/dev/null; then
+    echo "bootstrap: pip install nl2data-core nl2data-workflow-postgres psycopg-pool"
+    python3 -m pip install --quiet --disable-pip-version-check 'nl2data-core==0.1.0' \
+        'nl2data-workflow-postgres==0.1.0' 'psycopg-pool>=3.2,<4'
+fi
 # aflib 0.0.7, the seed, for the benchmark's comparison columns: its
 # PL/Python outbox runs inside the server, in the system Python, so the pure
 # Python wheel goes where the postgres OS user can read it.
