@@ -11,7 +11,8 @@ on one connection, side by side in one run, of
             heartbeat armed and disarmed, the pass's bookkeeping)
 
 Each side runs BENCH_CLIENT_SECONDS (default 5) at a time on a queue of its
-own kept full, the sides interleaved, three repetitions, with
+own kept full, the sides interleaved (each repetition starting with the
+next side), six repetitions (BENCH_CLIENT_REPS), with
 synchronous_commit on and off; the ratio to "by hand" is taken within each
 repetition. Not a test: it measures and reports (docs/benchmarks.md).
 
@@ -36,7 +37,7 @@ from pg_sturdy import Pass, Sturdy, Worker  # noqa: E402
 DIR = os.environ.get("BENCH_CLIENT_DIR", "/tmp/pg_sturdy_bench_client")
 PORT = os.environ.get("BENCH_CLIENT_PORT", "55449")
 SECONDS = float(os.environ.get("BENCH_CLIENT_SECONDS", "5"))
-REPS = int(os.environ.get("BENCH_CLIENT_REPS", "3"))
+REPS = int(os.environ.get("BENCH_CLIENT_REPS", "6"))
 PG_CONFIG = os.environ.setdefault("PG_CONFIG", "/usr/lib/postgresql/15/bin/pg_config")
 DSN = f"host={os.path.join(DIR, 'cluster')} port={PORT} user=postgres dbname=bench"
 LEASE = dt.timedelta(seconds=30)
@@ -113,7 +114,11 @@ def main():
                 c.execute(f"ALTER SYSTEM SET synchronous_commit = {commit}")
                 c.execute("SELECT pg_reload_conf()")
                 for rep in range(REPS):
-                    for side, run in SIDES.items():
+                    # (each repetition starts with another side: the first
+                    # run after a top-up is not always the same one)
+                    order = list(SIDES.items())
+                    order = order[rep % len(order):] + order[:rep % len(order)]
+                    for side, run in order:
                         top_up(c, QUEUES[side])
                         rate = run(SECONDS) / SECONDS
                         results.setdefault((commit, side), []).append(rate)

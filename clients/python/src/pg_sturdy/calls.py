@@ -134,25 +134,28 @@ class Signal:
     meaning: str
 
 
+# The SQL of each call by the arguments it sends: a worker's calls send the
+# same ones every time, and building the text is a share of what the client
+# adds to a call.
+_SQL: dict[tuple[Any, ...], str] = {}
+
+
 def _call(name: str, *args: tuple[str, str, Any], shape: str = "scalar", columns: str = "*",
           required: int = 0) -> tuple[str, tuple[Any, ...]]:
     """The SQL of `sturdy.<name>(...)`: the first `required` arguments
     always sent, in order; the rest by name, only where given."""
-    sent, params = [], []
-    for i, (arg, cast, value) in enumerate(args):
-        if i >= required and value is None:
-            continue
-        if cast == "jsonb" and value is not None and not isinstance(value, Jsonb):
-            value = Jsonb(value)
-        placeholder = f"%s::{cast}"
-        sent.append(placeholder if i < required else f"{arg} => {placeholder}")
-        params.append(value)
-    call = f"sturdy.{name}({', '.join(sent)})"
-    if shape == "scalar":
-        return f"SELECT {call}", tuple(params)
-    if shape == "call":
-        return f"CALL {call}", tuple(params)
-    return f"SELECT {columns} FROM {call}", tuple(params)
+    given = tuple(i < required or value is not None for i, (_, _, value) in enumerate(args))
+    params = tuple(Jsonb(value) if cast == "jsonb" and value is not None and not isinstance(value, Jsonb) else value
+                   for (_, cast, value), sent in zip(args, given) if sent)
+    key = (name, shape, columns, required, given)
+    sql = _SQL.get(key)
+    if sql is None:
+        sent = [f"%s::{cast}" if i < required else f"{arg} => %s::{cast}"
+                for i, ((arg, cast, _), g) in enumerate(zip(args, given)) if g]
+        call = f"sturdy.{name}({', '.join(sent)})"
+        sql = {"scalar": f"SELECT {call}", "call": f"CALL {call}"}.get(shape, f"SELECT {columns} FROM {call}")
+        _SQL[key] = sql
+    return sql, params
 
 
 def _scalar(rows: list[tuple[Any, ...]]) -> Any:

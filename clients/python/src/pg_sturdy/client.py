@@ -27,7 +27,11 @@ class _Sync(Generic[P, R]):
 
     def __init__(self, build: Callable[P, Statement[R]]):
         self.build = build
+        self.name = build.__name__
         self.__doc__ = build.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
     @overload
     def __get__(self, obj: None, owner: type) -> "_Sync[P, R]": ...
@@ -45,6 +49,8 @@ class _Sync(Generic[P, R]):
 
         call.__name__ = build.__name__
         call.__doc__ = build.__doc__
+        # (kept on the instance: the next look-up finds it there)
+        obj.__dict__[self.name] = call
         return call
 
 
@@ -53,7 +59,11 @@ class _Async(Generic[P, R]):
 
     def __init__(self, build: Callable[P, Statement[R]]):
         self.build = build
+        self.name = build.__name__
         self.__doc__ = build.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
     @overload
     def __get__(self, obj: None, owner: type) -> "_Async[P, R]": ...
@@ -71,6 +81,7 @@ class _Async(Generic[P, R]):
 
         call.__name__ = build.__name__
         call.__doc__ = build.__doc__
+        obj.__dict__[self.name] = call
         return call
 
 
@@ -87,15 +98,16 @@ class Sturdy:
     def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool = False):
         self.conn = conn
         self.prepare: bool | None = True if prepare else False
+        # one cursor for every call, making tuples whatever the connection's
+        # row factory (a pool may hand out connections that make dicts)
+        self._cursor = conn.cursor(row_factory=tuple_row)
 
     def run(self, stmt: Statement[R]) -> R:
         """Run one built call (`calls`) and read its result."""
+        cur = self._cursor
         try:
-            # (tuples whatever the connection's row factory: a pool may hand
-            # out connections that make dicts)
-            with self.conn.cursor(row_factory=tuple_row) as cur:
-                cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
-                rows = cur.fetchall() if cur.description else []
+            cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
+            rows = cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             mapped = translate(e)
             if mapped is e:
@@ -154,13 +166,14 @@ class AsyncSturdy:
     def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool = False):
         self.conn = conn
         self.prepare: bool | None = True if prepare else False
+        self._cursor = conn.cursor(row_factory=tuple_row)
 
     async def run(self, stmt: Statement[R]) -> R:
         """Run one built call (`calls`) and read its result."""
+        cur = self._cursor
         try:
-            async with self.conn.cursor(row_factory=tuple_row) as cur:
-                await cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
-                rows = await cur.fetchall() if cur.description else []
+            await cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
+            rows = await cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             mapped = translate(e)
             if mapped is e:
