@@ -2,10 +2,9 @@
 """What the Python client (clients/python) adds to a pass: passes a second
 on one connection, side by side in one run, of
 
-  by hand   psycopg with the statements written out: take(claim) + load +
-            record + finish, nothing prepared (as behind a pooler)
-  calls     the same four calls through `Sturdy` (its statements name their
-            arguments and cast them; receipts as text)
+  by hand   psycopg with the client's statements written out: take(claim)
+            + load + record + finish, nothing prepared (as behind a pooler)
+  calls     the same four calls through `Sturdy`
   worker    `Worker(concurrency=1)` with a handler of one `p.step`: the same
             statements, plus what the worker does around a pass (its
             heartbeat armed and disarmed, the pass's bookkeeping)
@@ -14,7 +13,9 @@ Each side runs BENCH_CLIENT_SECONDS (default 5) at a time on a queue of its
 own kept full, the sides interleaved (each repetition starting with the
 next side), six repetitions (BENCH_CLIENT_REPS), with
 synchronous_commit on and off; the ratio to "by hand" is taken within each
-repetition. Not a test: it measures and reports (docs/benchmarks.md).
+repetition. Beside the rates, the CPU time this process spent a pass on
+each side (time.process_time: the client's own cost, which the rates only
+show through the server's noise). Not a test: it measures and reports (docs/benchmarks.md).
 
   scripts/bench_client.py         (the release build installed: make install)
 """
@@ -52,15 +53,20 @@ def top_up(c, queue, n=30_000):
 
 
 def by_hand(seconds):
+    # the statements the client sends, written out (parameters cast, by name
+    # after the first skipped argument)
     with psycopg.connect(DSN, autocommit=True, prepare_threshold=None) as c:
         n, end = 0, time.monotonic() + seconds
         while time.monotonic() < end:
-            workflow, receipt, token = c.execute(
-                "SELECT workflow, receipt::text, token FROM sturdy.take('hand', %s, 1, true)", (LEASE,)).fetchone()
-            done = {s for (s,) in c.execute("SELECT step FROM sturdy.load(%s)", (workflow,))}
+            workflow, receipt, token, attempt = c.execute(
+                "SELECT workflow, receipt::text, token, attempt FROM sturdy.take(queue => %s::text,"
+                " lease => %s::interval, max => %s::integer, claim => %s::boolean)", ("hand", LEASE, 1, True)).fetchone()
+            done = {s for (s, *_) in c.execute("SELECT * FROM sturdy.load(%s::text)", (workflow,))}
             if "work" not in done:
-                c.execute("SELECT * FROM sturdy.record(%s, 'work', %s, %s)", (workflow, Jsonb({"n": n}), token))
-            c.execute("SELECT sturdy.finish(%s, %s, %s::timestamptz, queue => 'hand')", (workflow, token, receipt))
+                c.execute("SELECT * FROM sturdy.record(%s::text, %s::text, %s::jsonb, %s::bigint)",
+                          (workflow, "work", Jsonb({"n": n}), token)).fetchall()
+            c.execute("SELECT sturdy.finish(%s::text, %s::bigint, %s::timestamptz, queue => %s::text)",
+                      (workflow, token, receipt, "hand")).fetchone()
             n += 1
         return n
 
@@ -103,7 +109,7 @@ def main():
     os.makedirs(DIR, exist_ok=True)
     subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, PORT,
                     "shared_preload_libraries = 'pg_sturdy'"], check=True, capture_output=True)
-    results = {}
+    results, cpus = {}, {}
     try:
         with psycopg.connect(f"host={cluster} port={PORT} user=postgres dbname=postgres", autocommit=True) as c:
             c.execute("DROP DATABASE IF EXISTS bench")
@@ -120,7 +126,10 @@ def main():
                     order = order[rep % len(order):] + order[:rep % len(order)]
                     for side, run in order:
                         top_up(c, QUEUES[side])
-                        rate = run(SECONDS) / SECONDS
+                        cpu = time.process_time()
+                        passes = run(SECONDS)
+                        rate = passes / SECONDS
+                        cpus.setdefault((commit, side), []).append((time.process_time() - cpu) / passes * 1e6)
                         results.setdefault((commit, side), []).append(rate)
                         print(f"{commit} rep {rep + 1} {side:8} {rate:8,.0f} passes/s", file=sys.stderr, flush=True)
     finally:
@@ -137,6 +146,14 @@ def main():
         print(f"| {commit} | {cell(hand)} | {cell(results[(commit, 'calls')])} | "
               f"{statistics.median(rc):.2f} ({min(rc):.2f}..{max(rc):.2f}) | {cell(results[(commit, 'worker')])} | "
               f"{statistics.median(rw):.2f} ({min(rw):.2f}..{max(rw):.2f}) |")
+
+
+    print("\nThe client process's CPU a pass (median of the runs, µs; the server's work is not in it):\n")
+    print("| synchronous_commit | by hand | calls | worker |")
+    print("|---|---:|---:|---:|")
+    for commit in ("on", "off"):
+        med = lambda side: statistics.median(cpus[(commit, side)])
+        print(f"| {commit} | {med('by hand'):.0f} | {med('calls'):.0f} | {med('worker'):.0f} |")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """One builder per SQL function of the extension: the statement that calls
-it and how its rows become Python values. `Sturdy` and `AsyncSturdy`
+it and how its rows become Python values (named tuples: a worker builds
+several a pass, and they are the cheapest to make). `Sturdy` and `AsyncSturdy`
 (`client.py`) run them on a connection; each builder's signature is the
 SQL function's, with its defaults.
 
@@ -16,8 +17,7 @@ microsecond, in any session time zone.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, NamedTuple, Sequence, TypeVar
 
 from psycopg.types.json import Jsonb
 
@@ -27,8 +27,7 @@ Interval = dt.timedelta | str
 Receipt = str
 
 
-@dataclass(frozen=True)
-class Statement(Generic[R]):
+class Statement(NamedTuple, Generic[R]):
     """A call: its SQL, its parameters, and how its rows are read."""
 
     sql: str
@@ -36,59 +35,51 @@ class Statement(Generic[R]):
     read: Callable[[list[tuple[Any, ...]]], R]
 
 
-@dataclass(frozen=True)
-class Taken:
+class Taken(NamedTuple):
     workflow: str
     receipt: Receipt
     token: int | None
     attempt: int
 
 
-@dataclass(frozen=True)
-class Recorded:
+class Recorded(NamedTuple):
     value: Any
     first: bool
 
 
-@dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(NamedTuple):
     step: str
     value: Any
     recorded_at: dt.datetime
 
 
-@dataclass(frozen=True)
-class Emitted:
+class Emitted(NamedTuple):
     outbox: int
     deliveries: int
 
 
-@dataclass(frozen=True)
-class Pumped:
+class Pumped(NamedTuple):
     seen: int
     delivered: int
     retrying: int
     dead_letter: int
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     done: int
     remaining: int
     seconds: float
     complete: bool
 
 
-@dataclass(frozen=True)
-class BatchRun:
+class BatchRun(NamedTuple):
     done: int
     remaining: int
     chunks: int
     complete: bool
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(NamedTuple):
     id: int
     process: str
     workflow: str
@@ -99,8 +90,7 @@ class Status:
     updated_at: dt.datetime
 
 
-@dataclass(frozen=True)
-class Stuck:
+class Stuck(NamedTuple):
     id: int
     process: str
     business_key: str
@@ -109,8 +99,7 @@ class Stuck:
     stalled_since: dt.datetime
 
 
-@dataclass(frozen=True)
-class QueueStats:
+class QueueStats(NamedTuple):
     queue: str
     ready: int
     leased: int
@@ -126,8 +115,7 @@ class QueueStats:
     dead: int
 
 
-@dataclass(frozen=True)
-class Signal:
+class Signal(NamedTuple):
     signal: str
     value: str | None
     ok: bool

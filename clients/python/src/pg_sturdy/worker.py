@@ -352,11 +352,12 @@ class Worker:
 
 
 class _Heartbeat:
-    """Keeps the pass of one worker thread while its handler runs: every
-    third of the lease, `extend` (the row) and `renew` (the claim), on a
-    connection of its own (the handler's may be in a transaction). One
-    thread for all the passes of its worker thread, armed for each: a
-    pass pays two lock operations for it, not a thread's start."""
+    """Keeps the pass of one worker thread while its handler runs: a third
+    of the lease after it began and every third after, `extend` (the row)
+    and `renew` (the claim), on a connection of its own (the handler's may
+    be in a transaction). One thread for all the passes of its worker
+    thread, armed for each: a pass pays two lock operations for it, not a
+    thread's start nor a wakeup."""
 
     def __init__(self, worker: Worker):
         self.worker = worker
@@ -368,12 +369,14 @@ class _Heartbeat:
         self.thread: threading.Thread | None = None
 
     def arm(self, p: Pass) -> None:
+        # (no notify: the thread looks at least every third of the lease, so
+        # its first beat for the pass comes within two thirds of it, and a
+        # pass costs no wakeup of another thread)
         with self.cv:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, daemon=True)
                 self.thread.start()
             self.p, self.since = p, time.monotonic()
-            self.cv.notify_all()
 
     def disarm(self) -> None:
         """No more beats for the pass, and none under way: its end needs
@@ -389,8 +392,8 @@ class _Heartbeat:
             while True:
                 with self.cv:
                     while self.p is None or time.monotonic() < self.since + self.every:
-                        wait = None if self.p is None else self.since + self.every - time.monotonic()
-                        self.cv.wait(wait)
+                        wait = self.every if self.p is None else self.since + self.every - time.monotonic()
+                        self.cv.wait(max(wait, 0.0))
                     p, self.beating = self.p, True
                 try:
                     if conn is None or conn.closed:
