@@ -22,7 +22,7 @@ CARRIED = ("contract", "concurrency", "", "security")
 # (clients/python/README.md lists them with the rest of what does not run).
 NOT_CARRIED = {
     # asserts expires_at == the fake clock's now + 60 s exactly: a real
-    # server's now is not the test's (test_nl2data_contract.py checks it
+    # server's now is not the test's (test_nl2data_store.py checks it
     # within a second)
     "contract": ["TestLeaseLifecycle::test_acquire_claims_with_token_and_expiry"],
     "concurrency": [],
