@@ -131,20 +131,26 @@ pub(super) fn count_lapsed(queue: Name) -> Result<()> {
         ) else {
             continue;
         };
-        let failed = fail_at(
-            w,
-            receipt,
-            Some(Text::new(LAPSED)),
-            queue,
-            None,
-            None,
-            Some(receipt),
-        )?;
-        if failed == Some(true) {
+        if lapse(w, receipt, queue)? == Some(true) {
             DIED.with(|d| d.borrow_mut().push(workflow));
         }
     }
     Ok(())
+}
+
+/// The failure of a pass whose lease (`receipt`) ran out, counted as
+/// `fail` counts one, from the lease's end, with the error [`LAPSED`]:
+/// `None` where the row no longer has that lease; else whether it died.
+fn lapse(workflow: Name, receipt: TimestampWithTimeZone, queue: Name) -> Result<Option<bool>> {
+    fail_at(
+        workflow,
+        receipt,
+        Some(Text::new(LAPSED)),
+        queue,
+        None,
+        None,
+        Some(receipt),
+    )
 }
 
 /// The workflows whose rows the last `take` found dead, taken out: their
@@ -582,16 +588,7 @@ pub(crate) fn sweep_failing(older_than: Interval, max: i32) -> Result<Swept> {
                 if !locked {
                     continue;
                 }
-                let counted = fail_at(
-                    w,
-                    receipt,
-                    Some(Text::new(LAPSED)),
-                    queue,
-                    None,
-                    None,
-                    Some(receipt),
-                )?;
-                if let Some(dead) = counted {
+                if let Some(dead) = lapse(w, receipt, queue)? {
                     swept.lapsed += 1;
                     if dead {
                         swept.died.push(workflow);

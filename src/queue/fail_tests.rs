@@ -451,8 +451,16 @@ fn extend_moves_the_lease_and_the_places_of_the_pass() {
         one::<bool>("SELECT sturdy.extend('k1', now() - interval '1 second', '5 minutes', 'xk') IS NULL"),
         Some(true)
     );
+    // bad input is refused and moves nothing: k2's lease (and its place) stay
+    Spi::run("CREATE TEMP TABLE before AS SELECT workflow, leased_until FROM sturdy.queue").unwrap();
     assert_eq!(sqlstate_of("SELECT sturdy.extend('w', NULL, '1 minute', 'xq')"), "22004");
     assert_eq!(sqlstate_of("SELECT sturdy.extend(NULL, now(), '1 minute', 'xq')"), "22004");
     assert_eq!(sqlstate_of("SELECT sturdy.extend('w', now(), '0', 'xq')"), "22023");
     assert_eq!(sqlstate_of("SELECT sturdy.extend('w', now(), '1 minute', '')"), "22023");
+    assert_eq!(sqlstate_of("SELECT sturdy.extend('k1', now() - interval '1 second', '-1 minute', 'xk')"), "22023");
+    assert_eq!(
+        count("sturdy.queue q JOIN before b USING (workflow) WHERE q.leased_until IS DISTINCT FROM b.leased_until"),
+        0,
+        "nothing written"
+    );
 }
