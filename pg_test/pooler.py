@@ -6,7 +6,8 @@ every client) and `one_backend` (one: every client's transaction runs on the
 same backend, so whatever a backend keeps for itself is met by the next
 client). Clients connect over TCP on 127.0.0.1.
 
-  STURDY_POOLER_PORT   where PgBouncer listens (default 55460)
+  STURDY_POOLER_PORT   where PgBouncer listens (default 55460; a free port the
+                       kernel picks when something else holds that one)
 """
 import os
 import shutil
@@ -29,10 +30,15 @@ def as_postgres(cmd, **kw):
     return subprocess.Popen(cmd, **kw)
 
 
+class PortTaken(Exception):
+    """PgBouncer could not listen: something else holds the port."""
+
+
 class Bouncer:
     """A PgBouncer of its own, started by `start` and stopped by `stop`."""
 
     def __init__(self):
+        self.port = PORT
         self.binary = shutil.which("pgbouncer") or next(
             (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None)
         self.proc = None
@@ -43,6 +49,20 @@ class Bouncer:
         # gone, its port may not be)
         subprocess.run(["pkill", "-KILL", "-f", f"pgbouncer {tempfile.gettempdir()}/sturdy_pooler_"],
                        check=False)
+        # The port is in the kernel's range for outgoing connections, so a
+        # client socket of anything else on the machine may hold it: then
+        # PgBouncer listens on a port the kernel finds free.
+        for attempt in range(5):
+            try:
+                return self._start()
+            except PortTaken:
+                self.stop()
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    self.port = s.getsockname()[1]
+        raise RuntimeError(f"pgbouncer found no port to listen on: {self.log()}")
+
+    def _start(self):
         server = dict(kv.split("=", 1) for kv in SERVER.split())
         self.dir = tempfile.mkdtemp(prefix="sturdy_pooler_")
         target = f"host={server['host']} port={server['port']} dbname={DB}"
@@ -52,7 +72,7 @@ class Bouncer:
 
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = {PORT}
+listen_port = {self.port}
 unix_socket_dir =
 auth_type = trust
 auth_file = {self.dir}/users.txt
@@ -73,13 +93,16 @@ logfile = {self.dir}/pgbouncer.log
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited: {self.log()}")
-            try:
-                socket.create_connection(("127.0.0.1", PORT), timeout=1).close()
+                log = self.log()
+                if "Address already in use" in log:
+                    raise PortTaken()
+                raise RuntimeError(f"pgbouncer exited: {log}")
+            # its own word that it listens (a connection could reach
+            # whatever else holds the port)
+            if f"listening on 127.0.0.1:{self.port}" in self.log():
                 return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"pgbouncer did not listen on {PORT}: {self.log()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"pgbouncer did not listen on {self.port}: {self.log()}")
 
     def log(self):
         try:
@@ -89,7 +112,7 @@ logfile = {self.dir}/pgbouncer.log
             return "(no log)"
 
     def dsn(self, pool=POOLED, user="postgres"):
-        return f"host=127.0.0.1 port={PORT} dbname={pool} user={user}"
+        return f"host=127.0.0.1 port={self.port} dbname={pool} user={user}"
 
     def connect(self, pool=POOLED, user="postgres"):
         """A client through the pooler, as psycopg must be configured there:
