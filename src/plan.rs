@@ -72,15 +72,16 @@ thread_local! {
 struct Custom(Option<i32>);
 
 impl Custom {
-    fn around() -> Custom {
+    fn around(stmt: &Statement) -> Result<Custom> {
         if !crate::scaleout::distributed() {
-            return Custom(None);
+            return Ok(Custom(None));
         }
+        crate::scaleout::runs_here(stmt.sql)?; // (where it cannot run: an error)
         // SAFETY: a backend-local setting the plan cache reads; restored on drop.
         unsafe {
             let was = pg_sys::plan_cache_mode;
             pg_sys::plan_cache_mode = pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_CUSTOM_PLAN as _;
-            Custom(Some(was))
+            Ok(Custom(Some(was)))
         }
     }
 }
@@ -178,7 +179,7 @@ impl Statement {
         args: &[DatumWithOid<'_>],
     ) -> Result<SpiTupleTable<'c>> {
         let plan = self.plan(client)?;
-        let _custom = Custom::around();
+        let _custom = Custom::around(self)?;
         Ok(client.select(plan, None, args)?)
     }
 }
@@ -277,6 +278,7 @@ fn execute_generic(stmt: &'static Statement, args: &[DatumWithOid<'_>]) -> Resul
 /// [`execute_generic`], or with `latest` a read on a snapshot taken now.
 fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: bool) -> Result<()> {
     let plan = stmt.generic_plan()?;
+    crate::scaleout::runs_here(stmt.sql)?;
     let values: Vec<pg_sys::Datum> = args
         .iter()
         .map(|a| {

@@ -8,8 +8,11 @@
 //! - no row work is done without a statement (`access`): on the coordinator
 //!   a distributed table is an empty shell, its rows on the workers;
 //! - a take reads its own queue's limits, not every queue's (which would ask
-//!   every shard), and keeps them as on one server: the calls that change
-//!   them run on the coordinator, where the invalidations are sent;
+//!   every shard), and keeps them as on one server on the coordinator, where
+//!   the calls that change them send their invalidations; on a worker node
+//!   (a call made or delegated there) it keeps nothing ([`on_coordinator`]);
+//! - on a worker node, a statement about a table kept on the coordinator
+//!   raises `0A000` (`plan`): the node's own copy is empty;
 //! - the takes keep no floor and share none: a floor is a position in this
 //!   node's heap;
 //! - `sweep` finds its instances and removes what belongs to them in steps,
@@ -25,9 +28,13 @@ use std::cell::Cell;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::error::{Error, Result};
+
 thread_local! {
     static KNOWN: Cell<Option<bool>> = const { Cell::new(None) };
     static WATCHING: Cell<bool> = const { Cell::new(false) };
+    /// Whether this node is the coordinator (Citus's local group 0).
+    static COORDINATOR: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 #[pgrx::pg_guard]
@@ -53,6 +60,70 @@ pub fn distributed() -> bool {
     let known = citus_catalog() && claims_distributed();
     KNOWN.with(|k| k.set(Some(known)));
     known
+}
+
+/// Under Citus, whether this node is the coordinator. The calls that change
+/// what a take keeps between calls (a queue's limits, the signal of a
+/// prioritized row) send their invalidations from where they run, the
+/// coordinator, so a backend on another node (a call made there, or
+/// delegated there) keeps none of it (`access::Table::mark`).
+pub fn on_coordinator() -> bool {
+    if let Some(known) = COORDINATOR.with(Cell::get) {
+        return known;
+    }
+    let known = Spi::get_one::<bool>(
+        "SELECT groupid OPERATOR(pg_catalog.=) 0 FROM pg_catalog.pg_dist_local_group",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(true);
+    COORDINATOR.with(|c| c.set(Some(known)));
+    known
+}
+
+/// The tables `sturdy.distribute()` leaves on the coordinator: a worker
+/// node has copies of its own, empty, which a call made there must not use.
+const ON_COORDINATOR: &[&str] = &[
+    "instances",
+    "idempotency_keys",
+    "outbox",
+    "deliveries",
+    "subscriptions",
+    "outbox_waiters",
+    "batches",
+    "samples",
+];
+
+/// The first of [`ON_COORDINATOR`] that `sql` names.
+fn coordinator_table(sql: &str) -> Option<&'static str> {
+    ON_COORDINATOR.iter().copied().find(|table| {
+        let name = format!("sturdy.{table}");
+        sql.match_indices(&name).any(|(at, _)| {
+            !sql[at + name.len()..].starts_with(|c: char| c == '_' || c.is_ascii_alphanumeric())
+        })
+    })
+}
+
+/// Under Citus on a worker node, the error for a statement about a table
+/// kept on the coordinator ([`ON_COORDINATOR`]): the call is made where it
+/// cannot run correctly.
+pub fn runs_here(sql: &str) -> Result<()> {
+    if !crate::scaleout::distributed() || crate::scaleout::on_coordinator() {
+        return Ok(());
+    }
+    match coordinator_table(sql) {
+        None => Ok(()),
+        Some(table) => Err(Error::Raised {
+            code: *b"0A000",
+            message: format!(
+                "this call needs sturdy.{table}, which pg_sturdy keeps on the Citus coordinator, and this node is a worker"
+            ),
+            detail: None,
+            hint: Some(
+                "Make this call on the coordinator. On a worker node only the calls about claims, checkpoints and queues run (docs/scale-out.md).".into(),
+            ),
+        }),
+    }
 }
 
 /// Whether Citus's metadata table is in this database (its extension

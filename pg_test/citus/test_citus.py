@@ -11,6 +11,7 @@ import threading
 import time
 
 import psycopg
+import pytest
 from sturdy import DB, DSN, SERVER, Worker, connect, start_and_join, wait_notifies
 
 NODES = [n for n in os.environ.get("STURDY_CITUS_NODES", "").split(";") if n]
@@ -101,8 +102,10 @@ def test_a_stale_token_is_refused_delegated_and_inside_a_transaction():
 
 
 def test_concurrent_takers_hand_each_row_out_once_across_nodes():
-    """4 clients take and finish 1,200 rows in 8 queues whose shards are on
-    both workers: every row is handed out and done exactly once."""
+    """6 clients, two on the coordinator and two on each worker node, take
+    and finish 1,200 rows in 8 queues whose shards are on both workers:
+    every row is handed out and done exactly once, whichever node a call
+    reached."""
     queues = [f"spread-{i}" for i in range(8)]
     with connect() as c:
         assert len(nodes_holding(c, "sturdy.queue", queues)) == 2
@@ -111,7 +114,7 @@ def test_concurrent_takers_hand_each_row_out_once_across_nodes():
     taken, lock = [], threading.Lock()
 
     def work(k):
-        with connect() as c:
+        with (connect() if k < 2 else node(NODES[k % 2])) as c:
             empty, turn = 0, k
             while empty < len(queues):  # every queue found empty in a row
                 turn += 1
@@ -124,7 +127,7 @@ def test_concurrent_takers_hand_each_row_out_once_across_nodes():
                 with lock:
                     taken.extend(rows)
 
-    start_and_join([Worker(target=work, args=(k,)) for k in range(4)])
+    start_and_join([Worker(target=work, args=(k,)) for k in range(6)])
     workflows = [w for w, _ in taken]
     assert all(done for _, done in taken), "a done found its row gone"
     assert len(workflows) == 1200 and len(set(workflows)) == 1200
@@ -444,11 +447,21 @@ def test_an_update_on_the_coordinator_then_distribute_and_the_calls_work():
                          ).fetchone() == (8,)
 
 
-def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before():
+@pytest.mark.parametrize("where", ["coordinator", "holding", "other"])
+def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before(where):
     """A session keeps what it read of a queue's limits and whether it has
-    prioritized rows; a limit or a prioritized row from another session
-    reaches its next take (the coordinator's invalidations)."""
-    with connect() as taker, connect() as admin:
+    prioritized rows; a limit or a prioritized row from another session on
+    the coordinator reaches its next take: through the coordinator's
+    invalidations there, and on a worker node (the one holding the queue or
+    the other) because nothing is kept there."""
+    q = f"late-{where}"
+    with connect() as admin:
+        [holding] = nodes_holding(admin, "sturdy.queue", [q])
+    at = {"coordinator": None, "holding": next(n for n in NODES if f"port={holding}" in n),
+          "other": next(n for n in NODES if f"port={holding}" not in n)}[where]
+    with (connect() if at is None else node(at)) as taker, connect() as admin:
+        taker.execute = _in_queue(taker.execute, q)
+        admin.execute = _in_queue(admin.execute, q)
         admin.execute("SELECT sturdy.schedule('late-' || i, now() - interval '1 minute', 'late') FROM generate_series(1, 6) i")
         assert taker.execute("SELECT count(*) FROM sturdy.take('late')").fetchone() == (1,)
         admin.execute("SELECT sturdy.schedule('urgent', now(), 'late', priority => 5)")
@@ -460,6 +473,48 @@ def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before()
         admin.execute("SELECT sturdy.limit_queue('late', running => 3)")
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (1,)
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (0,)
+
+
+def _in_queue(execute, q):
+    """`execute` with the queue 'late' renamed `q` in each statement."""
+    return lambda sql, *a: execute(sql.replace("'late'", f"'{q}'"), *a)
+
+
+def test_a_stale_token_is_refused_on_every_node():
+    """A token made stale by a newer claim is refused (record: SD001, renew:
+    NULL) on the coordinator and on both worker nodes; the current one is
+    taken on each."""
+    w = "stale-everywhere"
+    with connect() as c:
+        old = c.execute("SELECT sturdy.claim(%s, '1 minute', 'a')", (w,)).fetchone()[0]
+        c.execute("SELECT sturdy.release(%s, %s)", (w, old))
+        new = c.execute("SELECT sturdy.claim(%s, '1 minute', 'b')", (w,)).fetchone()[0]
+        assert new > old
+    for settings in [None, *NODES]:
+        with (connect() if settings is None else node(settings)) as c:
+            assert sqlstate_of(c, "SELECT sturdy.record(%s, 's', '1', %s)", (w, old)) == "SD001", settings
+            assert c.execute("SELECT sturdy.renew(%s, %s, '1 minute')", (w, old)).fetchone() == (None,), settings
+            assert c.execute("SELECT first FROM sturdy.record(%s, %s, '1', %s)",
+                             (w, f"s-{settings}", new)).fetchone() == (True,)
+    with connect() as c:
+        assert c.execute("SELECT count(*) FROM sturdy.checkpoints WHERE workflow = %s", (w,)).fetchone() == (3,)
+
+
+def test_a_call_that_needs_a_coordinator_table_is_refused_on_a_worker_and_writes_nothing():
+    """Instances, the outbox and idempotency keys are on the coordinator: on
+    a worker node a call about them raises 0A000 (its own copy there is
+    empty), and nothing is written anywhere."""
+    with connect() as c:
+        rows = c.execute("SELECT count(*) FROM sturdy.queue").fetchone()
+    for settings in NODES:
+        with node(settings) as c:
+            assert sqlstate_of(c, "SELECT sturdy.start('order', 'refused-on-worker')") == "0A000"
+            assert sqlstate_of(c, "SELECT sturdy.emit('x.y', '{}', 'refused-on-worker')") == "0A000"
+            assert sqlstate_of(c, "SELECT * FROM sturdy.status('refused-on-worker')") == "0A000"
+    with connect() as c:
+        assert c.execute("SELECT count(*) FROM sturdy.instances WHERE business_key = 'refused-on-worker'").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM sturdy.outbox WHERE aggregate_id = 'refused-on-worker'").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM sturdy.queue").fetchone() == rows
 
 
 def test_batch_runs_on_a_coordinator_table_and_refuses_a_distributed_one():

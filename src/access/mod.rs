@@ -370,11 +370,16 @@ impl Table {
     /// table's rows is kept under, where whoever changes them sends one
     /// ([`Table::invalidate`]). `None` when the table does not exist.
     ///
-    /// Under Citus too: every call that changes such rows (`limit_queue`,
-    /// `pause`, a prioritized `schedule`) runs on the coordinator, where
-    /// its invalidation reaches every backend that serves a take.
+    /// Under Citus, on the coordinator only: every call that changes such
+    /// rows (`limit_queue`, `pause`, a prioritized `schedule`) sends its
+    /// invalidation from there, where it reaches every backend that serves
+    /// a take. On a worker node (a call made there, or delegated there)
+    /// nothing is kept: the mark is `Mark(0)`.
     pub fn mark(&'static self) -> Option<Mark> {
         let known = self.known()?;
+        if crate::scaleout::distributed() && !crate::scaleout::on_coordinator() {
+            return Some(Mark(0));
+        }
         // a finding read across an invalidation is never kept: no mark
         let kept = KNOWN.with(|k| {
             k.borrow()

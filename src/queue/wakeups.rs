@@ -37,6 +37,14 @@ pub(super) fn wake_if_waited(queue: Name) -> Result<()> {
     let Some(epoch) = idle::read() else {
         return wake(queue);
     };
+    // Under Citus a take may run on any node and bump that node's epoch,
+    // not this one's: look every time
+    if crate::scaleout::distributed() {
+        if run_one(&MARKED, &[queue.into()], first_value::<bool>)? == Some(true) {
+            return wake(queue);
+        }
+        return Ok(());
+    }
     let settled = UNMARKED.with(|u| {
         u.borrow()
             .get(queue.bytes())
