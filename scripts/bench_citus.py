@@ -161,10 +161,12 @@ def count_call_commands(c, setup, steps):
     return statistics.median(counts)
 
 
-def cycles(nodes, citus):
+def cycles(nodes, citus, direct=False):
     """The job cycle from CLIENTS threads over QUEUES for SECONDS: cycles
     done, each node's CPU seconds, and the cycles each worker served (each
-    queue is on one node: Citus's placement of its shard)."""
+    queue is on one node: Citus's placement of its shard). `direct`: each
+    call made on the node that holds its queue, not through the
+    coordinator."""
     with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
         c.execute(
             "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
@@ -184,18 +186,24 @@ def cycles(nodes, citus):
     ready = threading.Barrier(CLIENTS + 1)
 
     def client(k):
-        with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+        conns = [psycopg.connect(dsn(*n), autocommit=True) for n in (nodes if direct else nodes[:1])]
+        try:
+            def on(q):
+                return conns[home[q]] if direct else conns[0]
             turn = k * 7
             for _ in range(20):  # Citus's connections to the workers made
                 turn += 1
-                c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t",
-                          (QUEUES[turn % len(QUEUES)],) * 2)
+                q = QUEUES[turn % len(QUEUES)]
+                on(q).execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
             ready.wait()
             while time.monotonic() < stop_at[0]:
                 turn += 1
                 q = QUEUES[turn % len(QUEUES)]
-                c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+                on(q).execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
                 served[k][home[q]] += 1
+        finally:
+            for c in conns:
+                c.close()
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
     for t in threads:
@@ -239,22 +247,28 @@ def main():
         b, remote = calls_citus[name]
         print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {remote:g} |")
 
-    print("\n| nodes | cycles/s | coordinator CPU ms per 1,000 cycles | workers' CPU ms per 1,000 cycles |"
-          " each worker's share of the rows done |")
-    print("|---|---:|---:|---:|---|")
-    print(f"| one server, no Citus | {n_plain / SECONDS:.0f} | {1e6 * cpu_plain[0] / n_plain:.0f} | - | - |")
+    print("\n| nodes | calls made | cycles/s | coordinator CPU µs per cycle | each worker's CPU µs per cycle |"
+          " all nodes' CPU per cycle, x one server | each worker's share of the rows done |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    per_cycle = cpu_plain[0] / n_plain
+    print(f"| one server, no Citus | there | {n_plain / SECONDS:.0f} | {1e6 * per_cycle:.0f} | - | 1.00x | - |")
     for w in WORKERS:
-        nodes = start_citus(f"w{w}", w, PORT + 20 + 10 * w)
-        try:
-            n, cpu, rows = cycles(nodes, citus=True)
-        finally:
-            stop(nodes)
-        total = sum(rows[1:]) or 1
-        shares = ", ".join(f"{100 * r / total:.0f}%" for r in rows[1:])
-        assert rows[0] == 0, "a queue on the coordinator"
-        print(f"| coordinator + {w} worker{'s' if w > 1 else ''} | {n / SECONDS:.0f} |"
-              f" {1e6 * cpu[0] / n:.0f} | {1e6 * sum(cpu[1:]) / n:.0f} | {shares} |")
-        sys.stdout.flush()
+        for direct in (False, True):
+            nodes = start_citus(f"w{w}{'d' if direct else ''}", w, PORT + 20 + 10 * w)
+            try:
+                n, cpu, rows = cycles(nodes, citus=True, direct=direct)
+            finally:
+                stop(nodes)
+            total = sum(rows[1:]) or 1
+            shares = ", ".join(f"{100 * r / total:.0f}%" for r in rows[1:])
+            # each worker's CPU per cycle it served (its own queues' cycles)
+            workers = ", ".join(f"{1e6 * c / max(r, 1):.0f}" for c, r in zip(cpu[1:], rows[1:]))
+            assert rows[0] == 0, "a queue on the coordinator"
+            print(f"| coordinator + {w} worker{'s' if w > 1 else ''} |"
+                  f" {'on the queue' + chr(39) + 's node' if direct else 'through the coordinator'} |"
+                  f" {n / SECONDS:.0f} | {1e6 * cpu[0] / n:.0f} | {workers} |"
+                  f" {sum(cpu) / n / per_cycle:.2f}x | {shares} |")
+            sys.stdout.flush()
     return 0
 
 

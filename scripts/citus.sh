@@ -69,7 +69,8 @@ start)
     for ((i = 0; i < nodes; i++)); do
         scripts/cluster.sh start "$dir/n$i" "$((port + i))" \
             "shared_preload_libraries = 'citus, pg_sturdy'" "max_connections = 200" \
-            "max_prepared_transactions = 200" "citus.log_remote_commands = off" >/dev/null
+            "max_prepared_transactions = 200" "citus.log_remote_commands = off" \
+            "citus.local_hostname = '$dir/n$i'" >/dev/null
         psql_at "$dir/n$i" "$((port + i))" postgres "CREATE DATABASE $db"
         psql_at "$dir/n$i" "$((port + i))" "$db" "CREATE EXTENSION citus; CREATE EXTENSION pg_sturdy"
     done

@@ -340,6 +340,11 @@ CREATE FUNCTION sturdy.resume(queue text) RETURNS boolean VOLATILE PARALLEL UNSA
     AS 'MODULE_PATHNAME', 'sturdy_resume';
 COMMENT ON FUNCTION sturdy.resume(queue text) IS
     'Resume a paused queue, and wake its listening workers at commit. False when it was not paused.';
+CREATE FUNCTION sturdy.queue_changed(queue text) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_queue_changed';
+COMMENT ON FUNCTION sturdy.queue_changed(queue text) IS
+    'Under Citus: the queue''s limits, its pause or its prioritized rows changed, so this node''s sessions read them again at their next take. limit_queue, pause, resume and a prioritized schedule call it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a read.';
 
 -- src/workflow.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
@@ -1107,7 +1112,8 @@ COMMENT ON FUNCTION sturdy.start(process text, business_key text, variables json
 --   coordinator's commit decides, the workers' parts are prepared first);
 --   no statement of ours joins the two kinds.
 -- The calls about one workflow's claim and checkpoints are delegated whole
--- to the node that holds the workflow (create_distributed_function).
+-- to the node that holds the workflow (create_distributed_function), and
+-- queue_changed to the node that holds the queue.
 
 CREATE FUNCTION sturdy.distribute()
     RETURNS void
@@ -1161,6 +1167,17 @@ BEGIN
     LOOP
         PERFORM pg_catalog.create_distributed_function(f.fn, '$1', colocate_with => 'sturdy.claims');
     END LOOP;
+    -- Delegated to the node holding the queue even inside a transaction
+    -- (force_delegation): the call by which a change of a queue's limits,
+    -- pause or prioritized rows reaches the sessions there, with the
+    -- change's commit.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
+                    WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+                      AND o.objid OPERATOR(pg_catalog.=) 'sturdy.queue_changed(text)'::regprocedure
+                      AND o.force_delegation) THEN
+        PERFORM pg_catalog.create_distributed_function('sturdy.queue_changed(text)'::regprocedure, '$1',
+            colocate_with => 'sturdy.queue', force_delegation => true);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION sturdy.distribute() IS

@@ -16,7 +16,8 @@
 --   coordinator's commit decides, the workers' parts are prepared first);
 --   no statement of ours joins the two kinds.
 -- The calls about one workflow's claim and checkpoints are delegated whole
--- to the node that holds the workflow (create_distributed_function).
+-- to the node that holds the workflow (create_distributed_function), and
+-- queue_changed to the node that holds the queue.
 
 CREATE FUNCTION sturdy.distribute()
     RETURNS void
@@ -70,6 +71,17 @@ BEGIN
     LOOP
         PERFORM pg_catalog.create_distributed_function(f.fn, '$1', colocate_with => 'sturdy.claims');
     END LOOP;
+    -- Delegated to the node holding the queue even inside a transaction
+    -- (force_delegation): the call by which a change of a queue's limits,
+    -- pause or prioritized rows reaches the sessions there, with the
+    -- change's commit.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
+                    WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+                      AND o.objid OPERATOR(pg_catalog.=) 'sturdy.queue_changed(text)'::regprocedure
+                      AND o.force_delegation) THEN
+        PERFORM pg_catalog.create_distributed_function('sturdy.queue_changed(text)'::regprocedure, '$1',
+            colocate_with => 'sturdy.queue', force_delegation => true);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION sturdy.distribute() IS

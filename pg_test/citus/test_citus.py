@@ -63,12 +63,17 @@ def test_distribute_places_every_table_and_runs_again_harmlessly():
         delegated = c.execute(
             "SELECT array_agg(objid::regproc::text ORDER BY 1) FROM pg_dist_object"
             " WHERE classid = 'pg_proc'::regclass AND distribution_argument_index = 0"
-            "   AND colocationid = %s",
+            "   AND colocationid = %s AND NOT coalesce(force_delegation, false)",
             (int(group["sturdy.claims"]),),
         ).fetchone()[0]
         assert delegated == sorted(
             ["sturdy.claim", "sturdy.renew", "sturdy.release", "sturdy.fence", "sturdy.record", "sturdy.load"]
         )
+        # delegated inside any transaction to the queue's node
+        assert c.execute(
+            "SELECT force_delegation, colocationid, distribution_argument_index FROM pg_dist_object"
+            " WHERE classid = 'pg_proc'::regclass AND objid = 'sturdy.queue_changed(text)'::regprocedure"
+        ).fetchone() == (True, int(group["sturdy.queue"]), 0)
         # both workers hold shards of each kind
         assert len(nodes_holding(c, "sturdy.queue", [f"q-{i}" for i in range(16)])) == 2
         assert len(nodes_holding(c, "sturdy.claims", [f"w-{i}" for i in range(16)])) == 2
@@ -475,6 +480,152 @@ def test_a_limit_and_a_priority_set_elsewhere_reach_a_session_that_took_before(w
         assert taker.execute("SELECT count(*) FROM sturdy.take('late', max => 3)").fetchone() == (0,)
 
 
+def _local_reads(c, sql):
+    """The statements Citus ran locally for `sql` on the connection's node
+    that read a queue's limits or looked for its prioritized rows."""
+    seen = []
+    handler = (lambda d: seen.append(d.message_primary)
+               if "executing the command locally" in (d.message_primary or "")
+               and ("queue_limits" in d.message_primary or "priority OPERATOR(pg_catalog.>) 0" in d.message_primary)
+               else None)
+    c.add_notice_handler(handler)
+    c.execute("SET citus.log_local_commands = on")
+    try:
+        rows = c.execute(sql).fetchall()
+    finally:
+        c.execute("RESET citus.log_local_commands")
+        c.remove_notice_handler(handler)
+    return rows, seen
+
+
+def test_a_take_on_the_queue_s_node_keeps_its_settings_and_a_change_reaches_it():
+    """On the worker node that holds a queue, a take keeps what it read of
+    the queue's limits and prioritized rows between calls (no read of them
+    on its next take), and a limit, a pause or a prioritized row set on the
+    coordinator reaches it at its next take (queue_changed, delegated
+    there); on the other worker nothing is kept."""
+    q = "kept-here"
+    with connect() as admin:
+        [holding] = nodes_holding(admin, "sturdy.queue", [q])
+        admin.execute("SELECT sturdy.schedule(%s || '-' || i, now(), %s) FROM generate_series(1, 8) i", (q, q))
+    here = next(n for n in NODES if f"port={holding}" in n)
+    other = next(n for n in NODES if f"port={holding}" not in n)
+    with node(here) as taker, node(other) as elsewhere, connect() as admin:
+        take = f"SELECT workflow FROM sturdy.take('{q}')"
+        _, first = _local_reads(taker, take)
+        assert first, "the first take read nothing"
+        rows, again = _local_reads(taker, take)
+        assert len(rows) == 1 and again == [], again
+        elsewhere.execute(take)
+        _, there = _local_reads(elsewhere, take)
+        assert there == [], "the other node's reads run on the queue's node, not locally"
+        admin.execute("SELECT sturdy.pause(%s)", (q,))
+        assert taker.execute(take).fetchall() == []
+        admin.execute("SELECT sturdy.resume(%s)", (q,))
+        admin.execute("SELECT sturdy.schedule('first-of-all', now(), %s, priority => 3)", (q,))
+        assert taker.execute(take).fetchall() == [("first-of-all",)]
+        admin.execute("SELECT sturdy.limit_queue(%s, running => 6)", (q,))
+        # five taken so far (their leases run): the sixth place left, then none
+        assert len(taker.execute(f"SELECT * FROM sturdy.take('{q}', max => 5)").fetchall()) == 1
+        assert taker.execute(take).fetchall() == []
+        admin.execute("SELECT sturdy.limit_queue(%s)", (q,))
+        assert len(taker.execute(take).fetchall()) == 1
+
+
+def test_a_change_of_a_queue_s_settings_on_a_worker_node_is_refused():
+    """limit_queue, pause, resume and a prioritized schedule change what the
+    coordinator's sessions keep: made on a worker node they raise 0A000 and
+    write nothing."""
+    for settings in NODES:
+        with node(settings) as c:
+            assert sqlstate_of(c, "SELECT sturdy.limit_queue('refused-q', running => 1)") == "0A000"
+            assert sqlstate_of(c, "SELECT sturdy.pause('refused-q')") == "0A000"
+            assert sqlstate_of(c, "SELECT sturdy.schedule('refused-w', now(), 'refused-q', priority => 1)") == "0A000"
+            # a schedule without a priority is a row, nothing more
+            c.execute("SELECT sturdy.schedule('plain-w', now(), 'refused-q')")
+    with connect() as c:
+        assert c.execute("SELECT count(*) FROM sturdy.queue_limits WHERE queue = 'refused-q'").fetchone() == (0,)
+        assert c.execute("SELECT array_agg(workflow) FROM sturdy.queue WHERE queue = 'refused-q'").fetchone() == (["plain-w"],)
+
+
+def test_a_shard_move_under_load_loses_nothing_and_hands_no_row_out_twice():
+    """Takers on the coordinator and on both worker nodes take and finish a
+    queue's rows while a producer schedules more and the queue's shards
+    move from one worker to the other (citus_move_shard_placement,
+    block_writes): every row scheduled is done once, none is left, and a
+    session that kept the queue's settings on the old node keeps nothing
+    after the move (a limit set then holds there)."""
+    q = "moving"
+    with connect() as c:
+        [source] = nodes_holding(c, "sturdy.queue", [q])
+        target = next(int(n.split("port=")[1].split()[0]) for n in NODES if f"port={source}" not in n)
+        host = {int(n.split("port=")[1].split()[0]): n.split("host=")[1].split()[0] for n in NODES}
+        (shard,) = c.execute("SELECT get_shard_id_for_distribution_column('sturdy.queue', %s::text)", (q,)).fetchone()
+        c.execute("SELECT sturdy.schedule(%s || '/' || i, now(), %s) FROM generate_series(1, 300) i", (q, q))
+    on_source = next(n for n in NODES if f"port={source}" in n)
+    kept = node(on_source)
+    assert len(kept.execute(f"SELECT * FROM sturdy.take('{q}')").fetchall()) == 1
+    scheduled, done, lock = 300, [], threading.Lock()
+    producing = threading.Event()
+    producing.set()
+
+    def produce():
+        nonlocal scheduled
+        with connect() as c:
+            i = 1000
+            while producing.is_set():
+                c.execute("SELECT sturdy.schedule(%s, now(), %s)", (f"{q}/{i}", q))
+                i += 1
+                with lock:
+                    scheduled += 1
+                time.sleep(0.002)
+
+    def take(k):
+        with (connect() if k < 2 else node(NODES[k % 2])) as c:
+            quiet = 0
+            while quiet < 50:
+                rows = c.execute(f"SELECT t.workflow, sturdy.done(t.workflow, t.receipt, '{q}')"
+                                 f" FROM sturdy.take('{q}', max => 3) t").fetchall()
+                with lock:
+                    done.extend(rows)
+                if rows or producing.is_set():
+                    quiet = 0
+                else:
+                    quiet += 1
+                    time.sleep(0.02)
+
+    threads = [Worker(target=produce)] + [Worker(target=take, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        with connect() as c:
+            c.execute("SELECT citus_move_shard_placement(%s, %s, %s, %s, %s, shard_transfer_mode => 'block_writes')",
+                      (shard, host[source], source, host[target], target))
+            assert nodes_holding(c, "sturdy.queue", [q]) == {target}
+        time.sleep(0.5)
+    finally:
+        producing.clear()
+        for t in threads:
+            t.join()
+    workflows = [w for w, _ in done]
+    assert all(ok for _, ok in done), "a done found its row gone"
+    assert len(workflows) == len(set(workflows)), "a row handed out twice"
+    with connect() as c:
+        left = c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone()[0]
+        assert left == 1, "the row taken before the load is left, leased"
+        assert len(workflows) + 1 == scheduled
+        c.execute("SELECT sturdy.limit_queue(%s, running => 1)", (q,))
+        c.execute("SELECT sturdy.schedule('after-move-' || i, now(), %s) FROM generate_series(1, 3) i", (q,))
+    # the old node's session: the limit (one place, held by its lease) holds
+    assert kept.execute(f"SELECT * FROM sturdy.take('{q}', max => 3)").fetchall() == []
+    kept.close()
+    with connect() as c:
+        c.execute("SELECT citus_move_shard_placement(%s, %s, %s, %s, %s, shard_transfer_mode => 'block_writes')",
+                  (shard, host[target], target, host[source], source))
+        c.execute("SELECT sturdy.limit_queue(%s)", (q,))
+
+
 def _in_queue(execute, q):
     """`execute` with the queue 'late' renamed `q` in each statement."""
     return lambda sql, *a: execute(sql.replace("'late'", f"'{q}'"), *a)
@@ -601,6 +752,7 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         call("limit_queue", "SELECT sturdy.limit_queue('every-q', running => 1)")
         assert call("pause", "SELECT sturdy.pause('every-q')") == (True,)
         assert call("resume", "SELECT sturdy.resume('every-q')") == (True,)
+        call("queue_changed", "SELECT sturdy.queue_changed('every-q')")
         call("limit_queue", "SELECT sturdy.limit_queue('every-q')")
         call("subscribe", "SELECT sturdy.subscribe('every.ev', 'every_app.sub(sturdy.outbox, integer)', 1)")
         (outbox, deliveries) = call("emit", "SELECT * FROM sturdy.emit('every.ev', '{}', 'agg')")

@@ -96,6 +96,15 @@ impl Mark {
     pub fn keepable(self) -> bool {
         self.0 != 0
     }
+
+    /// A mark that also moves with `epoch`, and is never kept where this
+    /// one is not or `keep` is false.
+    pub fn with(self, epoch: u64, keep: bool) -> Mark {
+        if !keep || self.0 == 0 {
+            return Mark(0);
+        }
+        Mark(self.0 ^ (epoch << 40))
+    }
 }
 
 /// A column of a [`Table`], by its position in the table's `columns`.
@@ -370,16 +379,12 @@ impl Table {
     /// table's rows is kept under, where whoever changes them sends one
     /// ([`Table::invalidate`]). `None` when the table does not exist.
     ///
-    /// Under Citus, on the coordinator only: every call that changes such
-    /// rows (`limit_queue`, `pause`, a prioritized `schedule`) sends its
-    /// invalidation from there, where it reaches every backend that serves
-    /// a take. On a worker node (a call made there, or delegated there)
-    /// nothing is kept: the mark is `Mark(0)`.
+    /// Under Citus the calls that change such rows (`limit_queue`, `pause`,
+    /// `resume`, a prioritized `schedule`) run on the coordinator and send
+    /// their invalidation there and to the node that holds the queue
+    /// (`scaleout::settings_mark` says where a mark may be kept).
     pub fn mark(&'static self) -> Option<Mark> {
         let known = self.known()?;
-        if crate::scaleout::distributed() && !crate::scaleout::on_coordinator() {
-            return Some(Mark(0));
-        }
         // a finding read across an invalidation is never kept: no mark
         let kept = KNOWN.with(|k| {
             k.borrow()

@@ -47,7 +47,15 @@ thread_local! {
 
 /// A row of `queue` was scheduled with a priority: every backend looks
 /// again once this transaction commits, and this one at once.
-pub(super) fn scheduled(queue: Name) {
+pub(super) fn scheduled(queue: Name) -> Result<()> {
+    crate::scaleout::settings_changed(queue.bytes())?;
+    signalled(queue);
+    Ok(())
+}
+
+/// What [`scheduled`] does on this node (`sturdy.queue_changed` does it on
+/// the queue's node under Citus).
+pub(super) fn signalled(queue: Name) {
     SIGNAL.invalidate();
     NONE_FOUND.with(|n| n.borrow_mut().remove(queue.bytes()));
 }
@@ -55,14 +63,17 @@ pub(super) fn scheduled(queue: Name) {
 /// Whether a take of `queue` is to look for prioritized rows; with the mark
 /// to remember a look that finds none by. `None` where the schema has no
 /// priorities (0.1.0's).
-pub(super) fn to_look(queue: Name) -> Option<access::Mark> {
-    let mark = SIGNAL.mark()?;
+pub(super) fn to_look(queue: Name) -> Result<Option<access::Mark>> {
+    let Some(mark) = SIGNAL.mark() else {
+        return Ok(None);
+    };
+    let mark = crate::scaleout::settings_mark(queue.bytes(), mark)?;
     let known = NONE_FOUND.with(|n| {
         n.borrow()
             .get(queue.bytes())
             .is_some_and(|&(m, at)| m == mark && at.elapsed() < LOOK_AGAIN)
     });
-    (!known).then_some(mark)
+    Ok((!known).then_some(mark))
 }
 
 static ANY: Statement = Statement {
@@ -77,7 +88,7 @@ static ANY: Statement = Statement {
 /// backend found none under the mark of now (see [`to_look`]), else by one
 /// probe of the partial index, remembered.
 pub(super) fn any(queue: Name) -> Result<bool> {
-    let Some(mark) = to_look(queue) else {
+    let Some(mark) = to_look(queue)? else {
         return Ok(false);
     };
     let any = run_one(&ANY, &[queue.into()], first_value::<bool>)?.unwrap_or(true);

@@ -93,7 +93,7 @@ pub fn schedule_at(
         }
     }
     if priority > 0 {
-        priority::scheduled(queue);
+        priority::scheduled(queue)?;
     }
     if at < now {
         generation::bump();

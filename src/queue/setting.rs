@@ -16,7 +16,7 @@
 //! places, is waited for). Set a limit before the workers start, or pause
 //! the queue first.
 
-use super::limits::changed;
+use super::limits::{changed, changed_by_call};
 use super::*;
 
 /// Set the queue's limits row: `$2..$5`; the bucket starts full when the
@@ -342,8 +342,7 @@ fn limit_queue(
     )?;
     run_one(&SET_SETTLING, &[queue.into(), settling.into()], |_| Ok(()))?;
     run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
-    changed();
-    Ok(())
+    changed_by_call(queue)
 }
 
 #[sql_function(
@@ -353,7 +352,7 @@ fn limit_queue(
 fn pause(queue: Option<Text>) -> Result<bool> {
     let queue = args::name("queue", queue)?;
     let paused_now = run_one(&PAUSE, &[queue.into()], first_value::<bool>)?;
-    changed();
+    changed_by_call(queue)?;
     Ok(paused_now.unwrap_or(false))
 }
 
@@ -365,10 +364,21 @@ fn resume(queue: Option<Text>) -> Result<bool> {
     let queue = args::name("queue", queue)?;
     let was = run_one(&RESUME, &[queue.into()], first_value::<bool>)?.unwrap_or(false);
     run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
-    changed();
+    changed_by_call(queue)?;
     if was {
         let payload = crate::datum::notify_payload(queue.bytes());
         run_one(&NOTIFY_RESUMED, &[payload.into()], |_| Ok(()))?;
     }
     Ok(was)
+}
+
+#[sql_function(
+    "sturdy.queue_changed(queue text) RETURNS void VOLATILE PARALLEL UNSAFE",
+    comment = "Under Citus: the queue's limits, its pause or its prioritized rows changed, so this node's sessions read them again at their next take. limit_queue, pause, resume and a prioritized schedule call it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a read."
+)]
+fn queue_changed(queue: Option<Text>) -> Result<()> {
+    let queue = args::name("queue", queue)?;
+    changed();
+    super::priority::signalled(queue);
+    Ok(())
 }

@@ -379,7 +379,7 @@ pub(crate) fn take(
     // the levels above the default priority too (`keyed`)
     let keyed = gate.as_ref().is_some_and(|g| g.keyed());
     // the rows above the default priority first, where there are any
-    let first = match priority::to_look(queue).filter(|_| !keyed) {
+    let first = match priority::to_look(queue)?.filter(|_| !keyed) {
         Some(mark) => priority::take(call, queue, lease, max as usize, mark, hand)?,
         None => 0,
     };

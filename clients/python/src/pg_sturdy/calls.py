@@ -412,6 +412,10 @@ def distribute() -> Statement[None]:
     return _statement(_none, _call("distribute"))
 
 
+def queue_changed(queue: str) -> Statement[None]:
+    return _statement(_none, _call("queue_changed", ("queue", "text", queue), required=1))
+
+
 def grant_usage(role: str) -> Statement[None]:
     return _statement(_none, _call("grant_usage", ("role", "name", role), required=1))
 
