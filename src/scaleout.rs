@@ -208,7 +208,8 @@ pub fn settings_mark(queue: &[u8], mark: access::Mark) -> Result<access::Mark> {
     let delegated = match DELEGATED.with(Cell::get) {
         Some(known) => known,
         None => {
-            let known = plan::run_one(&DELEGATION, &[], plan::first_value::<bool>)?.unwrap_or(false);
+            let known =
+                plan::run_one(&DELEGATION, &[], plan::first_value::<bool>)?.unwrap_or(false);
             DELEGATED.with(|d| d.set(Some(known)));
             known
         }
@@ -235,7 +236,9 @@ pub fn settings_changed(queue: &[u8]) -> Result<()> {
             hint: Some("Make this call on the coordinator: its sessions and the queue's node learn of the change at commit (docs/scale-out.md).".into()),
         });
     }
-    plan::run_one(&TELL_QUEUE_NODE, &[Text::from_bytes(queue).into()], |_| Ok(()))
+    plan::run_one(&TELL_QUEUE_NODE, &[Text::from_bytes(queue).into()], |_| {
+        Ok(())
+    })
 }
 
 /// Delegated to the queue's node (a function in `FROM`: Citus delegates a
