@@ -382,7 +382,7 @@ impl Table {
     /// Under Citus the calls that change such rows (`limit_queue`, `pause`,
     /// `resume`, a prioritized `schedule`) run on the coordinator and send
     /// their invalidation there and to the node that holds the queue
-    /// (`scaleout::settings_mark` says where a mark may be kept).
+    /// (`queue::placed` says where a mark may be kept).
     pub fn mark(&'static self) -> Option<Mark> {
         let known = self.known()?;
         // a finding read across an invalidation is never kept: no mark

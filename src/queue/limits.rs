@@ -303,7 +303,7 @@ pub(super) fn of(queue: Name) -> Result<Option<Limits>> {
         return Ok(None); // an older schema: no flow control
     };
     if crate::scaleout::distributed() {
-        let mark = crate::scaleout::settings_mark(queue.bytes(), mark)?;
+        let mark = placed::settings_mark(queue.bytes(), mark)?;
         return one_by_one(queue, mark);
     }
     let known = KNOWN.with(|k| {
@@ -830,9 +830,9 @@ pub fn freed(queue: Name, limited: bool) -> Result<()> {
 }
 
 /// A call changed `queue`'s limits or its pause: [`changed`], and under
-/// Citus the queue's node told (`scaleout::settings_changed`).
+/// Citus the queue's node told (`placed::settings_changed`).
 pub(super) fn changed_by_call(queue: Name) -> Result<()> {
-    crate::scaleout::settings_changed(queue.bytes())?;
+    placed::settings_changed(queue.bytes())?;
     changed();
     Ok(())
 }

@@ -64,6 +64,7 @@ mod fail;
 mod floor;
 mod keyed;
 mod limits;
+mod placed;
 mod priority;
 mod schedule;
 mod schema;

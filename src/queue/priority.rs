@@ -48,7 +48,7 @@ thread_local! {
 /// A row of `queue` was scheduled with a priority: every backend looks
 /// again once this transaction commits, and this one at once.
 pub(super) fn scheduled(queue: Name) -> Result<()> {
-    crate::scaleout::settings_changed(queue.bytes())?;
+    placed::settings_changed(queue.bytes())?;
     signalled(queue);
     Ok(())
 }
@@ -67,7 +67,7 @@ pub(super) fn to_look(queue: Name) -> Result<Option<access::Mark>> {
     let Some(mark) = SIGNAL.mark() else {
         return Ok(None);
     };
-    let mark = crate::scaleout::settings_mark(queue.bytes(), mark)?;
+    let mark = placed::settings_mark(queue.bytes(), mark)?;
     let known = NONE_FOUND.with(|n| {
         n.borrow()
             .get(queue.bytes())
