@@ -19,7 +19,7 @@ import sys
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 BASE = {"access", "activity", "args", "datum", "error", "fmgr", "fragment", "grants", "heads", "plan", "scaleout",
-        "rescan", "sequence", "subxact", "testing"}
+        "rescan", "sequence", "shard", "subxact", "testing"}
 CAPABILITIES = {"batch", "checkpoint", "claim", "outbox", "queue", "workflow"}
 COMPOSED = {"compose"}  # the calls that span capabilities
 MAX_LINES = 850

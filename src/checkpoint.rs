@@ -80,9 +80,9 @@ impl StepRecord {
 
     /// The checkpoints table opened for it; `None` where `access` cannot
     /// insert it (see there).
-    pub(crate) fn open(&self) -> Option<access::Opened> {
+    pub(crate) fn open(&self, workflow: Name) -> Option<access::Opened> {
         CHECKPOINTS
-            .opened(&[pg_sys::ACL_INSERT])
+            .opened(&[pg_sys::ACL_INSERT], workflow.bytes())
             .filter(|table| table.can_insert(&self.upsert(), false))
     }
 
@@ -108,9 +108,9 @@ impl StepRecord {
 
     /// The checkpoints table opened for [`StepRecord::insert_or_keep`];
     /// `None` where `access` cannot do it (see there).
-    pub(crate) fn open_to_keep(&self) -> Option<access::Opened> {
+    pub(crate) fn open_to_keep(&self, workflow: Name) -> Option<access::Opened> {
         CHECKPOINTS
-            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE])
+            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], workflow.bytes())
             .filter(|table| table.can_insert(&self.kept(), true))
     }
 

@@ -62,8 +62,8 @@ pub(crate) struct Fence(access::Opened);
 impl Fence {
     /// `None` where `access` cannot do it (see there), with nothing locked
     /// but the table, as a statement writing it locks it.
-    pub(crate) fn open(release: bool) -> Option<Fence> {
-        let claims = CLAIMS.opened(&[pg_sys::ACL_UPDATE])?;
+    pub(crate) fn open(workflow: Name, release: bool) -> Option<Fence> {
+        let claims = CLAIMS.opened(&[pg_sys::ACL_UPDATE], workflow.bytes())?;
         (claims.can_lock(&[C_WORKFLOW])
             && (!release || claims.can_update(&[(C_HELD_UNTIL, pg_sys::TIMESTAMPTZOID, false)])))
         .then_some(Fence(claims))
@@ -291,16 +291,20 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
             Some(pg_sys::Datum::from(now)),
         ),
     ];
-    let upserted = CLAIMS.with(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], |table| {
-        table.upsert(&access::Upsert {
-            key: &[(C_WORKFLOW, w)],
-            set: &set,
-            fill: &[],
-            insert_only: &[],
-            only_if: Some((C_HELD_UNTIL, now)),
-            increment: Some(C_TOKEN),
-        })
-    })?;
+    let upserted = CLAIMS.with(
+        &[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE],
+        workflow.bytes(),
+        |table| {
+            table.upsert(&access::Upsert {
+                key: &[(C_WORKFLOW, w)],
+                set: &set,
+                fill: &[],
+                insert_only: &[],
+                only_if: Some((C_HELD_UNTIL, now)),
+                increment: Some(C_TOKEN),
+            })
+        },
+    )?;
     Ok(upserted.map(|done| match done {
         access::Upserted::Inserted => Some(1),
         access::Upserted::Updated(token) => token,

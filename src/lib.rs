@@ -52,6 +52,8 @@ pub mod scaleout;
 #[allow(unsafe_code)]
 pub mod sequence;
 #[allow(unsafe_code)]
+pub mod shard;
+#[allow(unsafe_code)]
 pub mod subxact;
 
 mod batch;

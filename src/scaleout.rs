@@ -38,8 +38,9 @@ thread_local! {
 }
 
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, _relid: pg_sys::Oid) {
+unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     KNOWN.with(|k| k.set(None));
+    crate::shard::invalidated(relid);
 }
 
 /// Whether `sturdy.claims` is a Citus table in this database.

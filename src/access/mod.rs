@@ -123,8 +123,12 @@ struct Known {
     shape: Option<Rc<Shape>>,
 }
 
+/// A table, and a shard of it (under Citus) or the table itself.
+type KnownOf = (*const Table, Option<pg_sys::Oid>);
+
 thread_local! {
-    static KNOWN: RefCell<Vec<(*const Table, Known)>> = const { RefCell::new(Vec::new()) };
+    /// By table, and for a shard of it (under Citus) by the shard.
+    static KNOWN: RefCell<Vec<(KnownOf, Known)>> = const { RefCell::new(Vec::new()) };
     static WATCHING: Cell<bool> = const { Cell::new(false) };
     /// The table whose shape is being read, and whether an invalidation of
     /// it (or of everything) arrived meanwhile: a shape read across one may
@@ -328,7 +332,13 @@ impl Table {
             // a cached OID may be of a table dropped since
             pg_sys::AcceptInvalidationMessages();
         }
-        let me: *const Table = self;
+        self.known_as(None)
+    }
+
+    /// What this backend knows of the table, or with `shard` of that shard
+    /// of it (`shard::local`), which is a table of the same columns.
+    fn known_as(&'static self, shard: Option<pg_sys::Oid>) -> Option<Known> {
+        let me = (self as *const Table, shard);
         if let Some(known) = KNOWN.with(|k| {
             k.borrow()
                 .iter()
@@ -339,11 +349,16 @@ impl Table {
         }
         // SAFETY: as above; the names are NUL-terminated.
         let known = unsafe {
-            let namespace = pg_sys::get_namespace_oid(self.schema.as_ptr(), true);
-            if namespace == pg_sys::InvalidOid {
-                return None;
-            }
-            let relid = pg_sys::get_relname_relid(self.name.as_ptr(), namespace);
+            let relid = match shard {
+                Some(relid) => relid,
+                None => {
+                    let namespace = pg_sys::get_namespace_oid(self.schema.as_ptr(), true);
+                    if namespace == pg_sys::InvalidOid {
+                        return None;
+                    }
+                    pg_sys::get_relname_relid(self.name.as_ptr(), namespace)
+                }
+            };
             if relid == pg_sys::InvalidOid {
                 return None;
             }
@@ -389,7 +404,7 @@ impl Table {
         let kept = KNOWN.with(|k| {
             k.borrow()
                 .iter()
-                .any(|(t, kn)| std::ptr::eq(*t, self) && kn.found == known.found)
+                .any(|((t, _), kn)| std::ptr::eq(*t, self) && kn.found == known.found)
         });
         Some(Mark(if kept { known.found } else { 0 }))
     }
@@ -406,32 +421,55 @@ impl Table {
     }
 
     /// The table opened for writes that need `privileges` (besides
-    /// `SELECT`, which every one needs), with its shape; `None` where a
-    /// statement must do them (see the module comment).
+    /// `SELECT`, which every one needs), with its shape, for rows whose
+    /// distribution value under Citus is `at` (the queue or the workflow);
+    /// `None` where a statement must do them (see the module comment).
     ///
-    /// Never under Citus: a distributed table's rows are not in the heap
-    /// here (on the coordinator it is an empty shell), and every statement
-    /// about them goes through Citus's planner.
-    pub fn opened(&'static self, privileges: &[u32]) -> Option<Opened> {
-        if crate::scaleout::distributed() {
-            return None;
-        }
-        let relid = self.known()?.relid;
-        // SAFETY: inside a transaction (we are called from a statement); the
-        // table is opened and locked as a statement writing it would.
+    /// Under Citus, the shard that holds them where it is on this node and
+    /// may be written here (`shard::local`, which takes Citus's own lock as
+    /// its local execution would), else `None`: on the coordinator a
+    /// distributed table is an empty shell, and rows on another node are
+    /// reached through Citus.
+    pub fn opened(&'static self, privileges: &[u32], at: &[u8]) -> Option<Opened> {
+        let table = self.known()?.relid;
+        // one privilege at a time: given several, pg_class_aclcheck answers
+        // whether the role holds any of them
+        let holds = |relid| {
+            privileges.iter().all(|&p| grants::holds(relid, p))
+                && grants::holds(relid, pg_sys::ACL_SELECT)
+        };
+        // SAFETY: backend state, read inside a transaction (we are called
+        // from a statement).
         unsafe {
-            // one privilege at a time: given several, pg_class_aclcheck
-            // answers whether the role holds any of them
             // a loaded module that checks a statement's permissions itself
             // (sepgsql, pgaudit's object audit) must see every write
             if pg_sys::XactReadOnly
                 || std::ptr::read(&raw const pg_sys::ExecutorCheckPerms_hook).is_some()
-                || !privileges.iter().all(|&p| grants::holds(relid, p))
-                || !grants::holds(relid, pg_sys::ACL_SELECT)
+                || !holds(table)
             {
                 return None;
             }
-            let rel = Open(pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _));
+        }
+        // a shard's privileges are its table's, which Citus passes on to
+        // it: both are held
+        let shard = if crate::scaleout::distributed() {
+            let shard = crate::shard::local(table, at)?.relid;
+            if !holds(shard) {
+                return None;
+            }
+            Some(shard)
+        } else {
+            None
+        };
+        let relid = shard.unwrap_or(table);
+        // SAFETY: inside a transaction; the table is opened and locked as a
+        // statement writing it would.
+        unsafe {
+            let rel = pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _);
+            if rel.is_null() {
+                return None;
+            }
+            let rel = Open(rel);
             // the shape as of now that we hold the lock: taking it applied
             // any invalidation a change to the table sent (an ALTER TABLE
             // that committed while we waited), which cleared what we knew
@@ -439,7 +477,11 @@ impl Table {
                 relid: again,
                 shape: Some(shape),
                 ..
-            } = self.known()?
+            } = (if shard.is_some() {
+                self.known_as(shard)
+            } else {
+                self.known()
+            })?
             else {
                 return None;
             };
@@ -467,13 +509,15 @@ impl Table {
     }
 
     /// `write` done on the table opened for writes that need `privileges`
-    /// (see [`Table::opened`]); `None` where it cannot be opened for them.
+    /// on rows of distribution value `at` (see [`Table::opened`]); `None`
+    /// where it cannot be opened for them.
     pub fn with<T>(
         &'static self,
         privileges: &[u32],
+        at: &[u8],
         write: impl FnOnce(&Opened) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
-        match self.opened(privileges) {
+        match self.opened(privileges, at) {
             Some(table) => write(&table),
             None => Ok(None),
         }

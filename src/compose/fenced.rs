@@ -107,10 +107,10 @@ fn record_here(
     };
     let record = checkpoint::StepRecord::new(w, step, value, token);
     // both tables checked before anything is locked or written
-    let Some(fence) = claim::Fence::open(false) else {
+    let Some(fence) = claim::Fence::open(workflow, false) else {
         return Ok(None);
     };
-    let Some(checkpoints) = record.open_to_keep() else {
+    let Some(checkpoints) = record.open_to_keep(workflow) else {
         return Ok(None);
     };
     let Some((_held, current)) = fence.lock(w)? else {

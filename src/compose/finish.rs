@@ -321,14 +321,14 @@ fn finish_here(
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
     let record = step.map(|(step, value)| checkpoint::StepRecord::new(w, step, value, token));
     // every part checked before anything is locked or written
-    let Some(fence) = claim::Fence::open(true) else {
+    let Some(fence) = claim::Fence::open(workflow, true) else {
         return Ok(None);
     };
-    let Some(rows) = queue::Removal::open() else {
+    let Some(rows) = queue::Removal::open(queue) else {
         return Ok(None);
     };
     let checkpoints = match &record {
-        Some(r) => match r.open() {
+        Some(r) => match r.open(workflow) {
             Some(table) => Some(table),
             None => return Ok(None),
         },

@@ -8,9 +8,9 @@ pub(crate) struct Removal(access::Opened);
 
 impl Removal {
     /// `None` where `access` cannot delete by the receipt rule here.
-    pub(crate) fn open() -> Option<Removal> {
+    pub(crate) fn open(queue: Name) -> Option<Removal> {
         QUEUE
-            .opened(&[pg_sys::ACL_DELETE])
+            .opened(&[pg_sys::ACL_DELETE], queue.bytes())
             .filter(|rows| rows.can_delete_if(&[Q_QUEUE, Q_WORKFLOW], Q_LEASED_UNTIL))
             .map(Removal)
     }
@@ -57,7 +57,7 @@ pub(crate) fn remove(workflow: Name, receipt: TimestampWithTimeZone, queue: Name
     // [`DONE`]'s work, without the statement, where nothing it would do is
     // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
-        && let Some(done) = QUEUE.with(&[pg_sys::ACL_DELETE], |table| {
+        && let Some(done) = QUEUE.with(&[pg_sys::ACL_DELETE], queue.bytes(), |table| {
             delete_done(table, queue, workflow, (q, w), receipt.into())
         })?
     {

@@ -444,7 +444,7 @@ fn lease_one(
             placeless = true;
             return Ok(access::Admit::Stop);
         };
-        match limits::lock_key_place(q, k, by)? {
+        match limits::lock_key_place(queue, q, k, by)? {
             Some(limits::Place::Held(h)) => {
                 held = Some((key.bytes().to_vec(), h));
                 admitted = Some(Some(key.bytes().to_vec()));

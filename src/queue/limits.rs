@@ -132,11 +132,12 @@ const LAST_KEPT: usize = 1024;
 /// key), locked without a statement; `None` where a statement must.
 fn lock_place(
     table: &'static access::Table,
+    queue: Name,
     group: &[(access::Col, pg_sys::Datum)],
     due: pg_sys::TimestampTz,
     start: Option<i32>,
 ) -> Result<Option<Place>> {
-    let Some(opened) = table.opened(&[pg_sys::ACL_UPDATE]) else {
+    let Some(opened) = table.opened(&[pg_sys::ACL_UPDATE], queue.bytes()) else {
         return Ok(None);
     };
     if !opened.can_update(&HOLDING) {
@@ -154,11 +155,18 @@ fn lock_place(
 /// A free place of `key` in `queue`'s per-key places, locked without a
 /// statement; `None` where a statement must.
 pub(super) fn lock_key_place(
+    name: Name,
     queue: pg_sys::Datum,
     key: pg_sys::Datum,
     due: pg_sys::TimestampTz,
 ) -> Result<Option<Place>> {
-    lock_place(&KEY_PLACES, &[(P_QUEUE, queue), (P_KEY, key)], due, None)
+    lock_place(
+        &KEY_PLACES,
+        name,
+        &[(P_QUEUE, queue), (P_KEY, key)],
+        due,
+        None,
+    )
 }
 
 impl Held {
@@ -235,7 +243,7 @@ fn free_placed(
         return Ok(false);
     };
     let table = [&RUNNING_PLACES, &KEY_PLACES][held];
-    let freed = table.with(&[pg_sys::ACL_UPDATE], |t| {
+    let freed = table.with(&[pg_sys::ACL_UPDATE], queue.bytes(), |t| {
         t.update_at_if(
             placed.tid,
             placed.seen,
@@ -654,6 +662,7 @@ pub(super) fn open(queue: Name, limits: Limits, max: usize) -> Result<Gate> {
         && let Some(q) = queue.into_datum()
         && let Some(place) = lock_place(
             &RUNNING_PLACES,
+            queue,
             &[(P_QUEUE, q)],
             pgrx::datum::now().into(),
             LAST_PLACE.with(|l| l.borrow().get(queue.bytes()).copied()),
@@ -826,14 +835,6 @@ pub fn freed(queue: Name, limited: bool) -> Result<()> {
     if limited {
         wake_if_waited(queue)?;
     }
-    Ok(())
-}
-
-/// A call changed `queue`'s limits or its pause: [`changed`], and under
-/// Citus the queue's node told (`placed::settings_changed`).
-pub(super) fn changed_by_call(queue: Name) -> Result<()> {
-    placed::settings_changed(queue.bytes())?;
-    changed();
     Ok(())
 }
 

@@ -36,40 +36,44 @@ pub fn schedule_at(
     // [`SCHEDULE`]'s upsert without the statement, where nothing it would
     // do is skipped that way (see `access`)
     let upserted = match (queue.into_datum(), workflow.into_datum()) {
-        (Some(q), Some(w)) => QUEUE.with(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], |table| {
-            let set = [
-                (
-                    Q_VISIBLE_AT,
-                    pg_sys::TIMESTAMPTZOID,
-                    Some(pg_sys::Datum::from(at)),
-                ),
-                (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
-                (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
-                (
-                    Q_SCHEDULED_AT,
-                    pg_sys::TIMESTAMPTZOID,
-                    Some(pg_sys::Datum::from(now)),
-                ),
-                placed[0],
-                placed[1],
-            ];
-            // placed by the schedule, or (arrive, start) on insert only
-            let (set, insert_only) = match placing {
-                Some(_) => (&set[..], &[][..]),
-                None => (&set[..4], &placed[..]),
-            };
-            table.upsert(&access::Upsert {
-                key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
-                set,
-                fill: &[
-                    (Q_TAKES, access::Fill::Int4(0)),
-                    (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
-                ],
-                insert_only,
-                only_if: None,
-                increment: None,
-            })
-        })?,
+        (Some(q), Some(w)) => QUEUE.with(
+            &[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE],
+            queue.bytes(),
+            |table| {
+                let set = [
+                    (
+                        Q_VISIBLE_AT,
+                        pg_sys::TIMESTAMPTZOID,
+                        Some(pg_sys::Datum::from(at)),
+                    ),
+                    (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
+                    (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
+                    (
+                        Q_SCHEDULED_AT,
+                        pg_sys::TIMESTAMPTZOID,
+                        Some(pg_sys::Datum::from(now)),
+                    ),
+                    placed[0],
+                    placed[1],
+                ];
+                // placed by the schedule, or (arrive, start) on insert only
+                let (set, insert_only) = match placing {
+                    Some(_) => (&set[..], &[][..]),
+                    None => (&set[..4], &placed[..]),
+                };
+                table.upsert(&access::Upsert {
+                    key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
+                    set,
+                    fill: &[
+                        (Q_TAKES, access::Fill::Int4(0)),
+                        (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
+                    ],
+                    insert_only,
+                    only_if: None,
+                    increment: None,
+                })
+            },
+        )?,
         _ => None,
     };
     if upserted.is_none() {

@@ -16,7 +16,7 @@
 //! places, is waited for). Set a limit before the workers start, or pause
 //! the queue first.
 
-use super::limits::{changed, changed_by_call};
+use super::limits::changed;
 use super::*;
 
 /// Set the queue's limits row: `$2..$5`; the bucket starts full when the
@@ -343,6 +343,14 @@ fn limit_queue(
     run_one(&SET_SETTLING, &[queue.into(), settling.into()], |_| Ok(()))?;
     run_one(&DROP_EMPTY, &[queue.into()], |_| Ok(()))?;
     changed_by_call(queue)
+}
+
+/// A call changed `queue`'s limits or its pause: [`changed`], and under
+/// Citus the queue's node told (`placed::settings_changed`).
+fn changed_by_call(queue: Name) -> Result<()> {
+    super::placed::settings_changed(queue.bytes())?;
+    changed();
+    Ok(())
 }
 
 #[sql_function(

@@ -270,7 +270,7 @@ pub(super) fn lease_one(
     let now = pgrx::datum::now();
     let until = pg_sys::TimestampTz::from(args::plus(now, lease));
     let mut got = None;
-    let Some(leased) = QUEUE.with(&[pg_sys::ACL_UPDATE], |table| {
+    let Some(leased) = QUEUE.with(&[pg_sys::ACL_UPDATE], queue.bytes(), |table| {
         table.lease_first(
             &LEASE_COLUMNS,
             q,
