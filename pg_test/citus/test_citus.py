@@ -532,6 +532,105 @@ def test_a_take_on_the_queue_s_node_keeps_its_settings_and_a_change_reaches_it()
         assert len(taker.execute(take).fetchall()) == 1
 
 
+def _remote_and_local(c, sql, params=()):
+    """What Citus logged for `sql`: the commands sent to other nodes and
+    the statements it ran locally on a shard."""
+    remote, local = [], []
+
+    def handler(d):
+        m = d.message_primary or ""
+        if m.startswith("issuing"):
+            remote.append(m)
+        elif "executing the command locally" in m:
+            local.append(m)
+    c.add_notice_handler(handler)
+    c.execute("SET citus.log_remote_commands = on")
+    c.execute("SET citus.log_local_commands = on")
+    try:
+        rows = c.execute(sql, params).fetchall()
+    finally:
+        c.execute("RESET citus.log_remote_commands")
+        c.execute("RESET citus.log_local_commands")
+        c.remove_notice_handler(handler)
+    return rows, remote, local
+
+
+def _on_node_holding(table, value):
+    with connect() as c:
+        [port] = nodes_holding(c, table, [value])
+    return next(n for n in NODES if f"port={port}" in n)
+
+
+def test_a_cycle_on_the_queue_s_node_runs_no_statement_through_citus():
+    """On the node that holds the queue, a take and its done do their row
+    work on the shard itself: Citus runs no statement for them, locally or
+    on another node, once the session knows the queue."""
+    q = "on-its-node"
+    with node(_on_node_holding("sturdy.queue", q)) as c:
+        for i in range(3):
+            c.execute("SELECT sturdy.schedule(%s, now(), %s)", (f"{q}-{i}", q))
+        c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+        rows, remote, local = _remote_and_local(
+            c, "SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+        assert rows == [(True,)]
+        assert (remote, local) == ([], []), (remote, local)
+    with connect() as c:
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone() == (1,)
+
+
+def test_a_statement_that_writes_the_shard_here_and_another_node_commits_by_two_phase_commit():
+    """A take and done done on the queue's shard here, and in the same
+    statement a claim of a workflow another node holds: Citus prepares the
+    other node's part (two-phase commit), as it does where it made both
+    writes itself; both are there after the commit."""
+    q = "two-nodes"
+    here = _on_node_holding("sturdy.queue", q)
+    with connect() as c:
+        w = next(f"elsewhere-{i}" for i in range(64)
+                 if f"port={next(iter(nodes_holding(c, 'sturdy.claims', [f'elsewhere-{i}'])))}" not in here)
+        c.execute("SELECT sturdy.schedule('tn-' || i, now(), %s) FROM generate_series(1, 2) i", (q,))
+    with node(here) as c:
+        # (the session knows the queue: the take and done run no statement)
+        c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+        rows, remote, _ = _remote_and_local(
+            c, "SELECT sturdy.done(t.workflow, t.receipt, %s), sturdy.claim(%s) FROM sturdy.take(%s) t", (q, w, q))
+        assert rows and rows[0][0] is True and rows[0][1] >= 1
+        assert any("PREPARE TRANSACTION" in m for m in remote), remote
+    with connect() as c:
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone() == (0,)
+        assert c.execute("SELECT token FROM sturdy.claims WHERE workflow = %s", (w,)).fetchone() == (rows[0][1],)
+
+
+def test_a_call_on_the_queue_s_node_holds_citus_s_own_shard_metadata_lock():
+    """What a take on the shard here holds while it runs is the lock Citus's
+    executor takes before it writes the shard, the one a shard move waits
+    for: the same advisory lock, in share mode."""
+    q = "locked-like-citus"
+    here = _on_node_holding("sturdy.queue", q)
+    advisory = ("SELECT classid, objid, objsubid, mode FROM pg_locks"
+                " WHERE pid = %s AND locktype = 'advisory' AND objsubid = 8")
+    with node(here) as c:
+        c.execute("SELECT sturdy.schedule('lk-1', now(), %s)", (q,))
+        c.execute("BEGIN")
+        c.execute("UPDATE sturdy.queue SET takes = takes WHERE queue = %s AND workflow = ''", (q,))
+        citus = c.execute(advisory, (c.info.backend_pid,)).fetchall()
+        c.execute("ROLLBACK")
+        assert citus, "Citus took no metadata lock"
+    with node(here) as taker, node(here) as watcher:
+        pid = taker.info.backend_pid
+        t = Worker(target=lambda: taker.execute(
+            "SELECT pg_sleep(1.5) FROM sturdy.take(%s)", (q,)))
+        t.start()
+        held = []
+        for _ in range(300):
+            held = watcher.execute(advisory, (pid,)).fetchall()
+            if held:
+                break
+            time.sleep(0.01)
+        t.join()
+    assert held == citus
+
+
 def test_a_change_of_a_queue_s_settings_on_a_worker_node_is_refused():
     """limit_queue, pause, resume and a prioritized schedule change what the
     coordinator's sessions keep: made on a worker node they raise 0A000 and
