@@ -5,11 +5,13 @@ this measures what does not depend on that:
 
 1. per call, through a Citus coordinator against one plain server: the
    commands the coordinator sends to workers (citus.log_remote_commands,
-   counted), and the median time a call takes from one client;
-2. the job cycle (take, done) from 4 clients over 32 queues through the
-   coordinator of 1, 2 and 4 workers: each worker's share of the rows done,
-   and the CPU each node spent per 1,000 cycles (all its processes, from
-   /proc), against one plain server doing the same;
+   counted), and the median time a call takes from one client; and the
+   calls about one queue made on the node that holds it;
+2. the job cycle (take, done) from 4 clients over 32 queues, through the
+   coordinator of 1, 2 and 4 workers and made on the node that holds each
+   queue: each worker's share of the rows done, and the CPU each node spent
+   per cycle (all its processes, from /proc), against one plain server
+   doing the same;
 3. from those, the model in docs/scale-out.md of where a cluster passes
    one server.
 
@@ -121,34 +123,53 @@ CALLS = [
 ROUNDS = 200
 
 
-def per_call(nodes, citus):
-    """{call: (median µs, commands sent to workers per call)}."""
+# The calls about one queue, and the queue: made on the node that holds it.
+ON_NODE = {"schedule": "calls", "take (one row)": "takes", "take + done": "dones",
+           "take(claim) + finish": "passes"}
+
+
+def node_of(c, nodes, queue):
+    (port,) = c.execute(
+        "SELECT p.nodeport FROM pg_dist_shard_placement p"
+        " WHERE p.shardid = get_shard_id_for_distribution_column('sturdy.queue', %s::text)",
+        (queue,)).fetchone()
+    return next(n for n in nodes if n[1] == port)
+
+
+def per_call(nodes, citus, on_node=False):
+    """{call: (median µs, commands sent to other nodes per call)}; with
+    `on_node`, the calls of ON_NODE made on the node that holds their
+    queue (the setup through the coordinator)."""
     out = {}
-    with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+    with psycopg.connect(dsn(*nodes[0]), autocommit=True) as setup_c:
         for name, setup, steps in CALLS:
-            times = []
-            for i in range(ROUNDS):
-                if setup:
-                    c.execute(setup.format(i=i))
-                t0 = time.perf_counter()
-                for s in steps:
-                    c.execute(s.format(i=i))
-                times.append(time.perf_counter() - t0)
-            remote = count_call_commands(c, setup, steps) if citus else None
+            if on_node and name not in ON_NODE:
+                continue
+            where = node_of(setup_c, nodes, ON_NODE[name]) if on_node else nodes[0]
+            with psycopg.connect(dsn(*where), autocommit=True) as c:
+                times = []
+                for i in range(ROUNDS):
+                    if setup:
+                        setup_c.execute(setup.format(i=i))
+                    t0 = time.perf_counter()
+                    for s in steps:
+                        c.execute(s.format(i=i))
+                    times.append(time.perf_counter() - t0)
+                remote = count_call_commands(c, setup, steps, setup_c) if citus else None
             out[name] = (statistics.median(times[20:]) * 1e6, remote)
     return out
 
 
-def count_call_commands(c, setup, steps):
-    """The commands the coordinator sends to workers for one call (median of
-    ten): each is a round trip to a worker, some run side by side."""
+def count_call_commands(c, setup, steps, setup_c):
+    """The commands the node a call is made on sends to other nodes for it
+    (median of ten): each is a round trip, some run side by side."""
     issued = []
     handler = (lambda d: issued.append(1)
                if (d.message_primary or "").startswith("issuing") else None)
     counts = []
     for i in range(ROUNDS, ROUNDS + 10):
         if setup:
-            c.execute(setup.format(i=i))
+            setup_c.execute(setup.format(i=i))
         c.add_notice_handler(handler)
         c.execute("SET citus.log_remote_commands = on")
         issued.clear()
@@ -237,15 +258,21 @@ def main():
     cluster = start_citus("calls", 2, PORT + 10)
     try:
         calls_citus = per_call(cluster, citus=True)
+        calls_node = per_call(cluster, citus=True, on_node=True)
     finally:
         stop(cluster)
 
-    print("| call | one server, µs | through the coordinator (2 workers), µs | ratio | commands to workers |")
-    print("|---|---:|---:|---:|---:|")
+    print("| call | one server, µs | through the coordinator (2 workers), µs | ratio | commands to workers |"
+          " on the queue's node, µs | ratio | commands to other nodes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, _, _ in CALLS:
         a, _ = calls_plain[name]
         b, remote = calls_citus[name]
-        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {remote:g} |")
+        there = "| - | - | - |"
+        if name in calls_node:
+            d, remote_d = calls_node[name]
+            there = f"| {d:.0f} | {d / a:.2f}x | {remote_d:g} |"
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {remote:g} {there}")
 
     print("\n| nodes | calls made | cycles/s | coordinator CPU µs per cycle | each worker's CPU µs per cycle |"
           " all nodes' CPU per cycle, x one server | each worker's share of the rows done |")

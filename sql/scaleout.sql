@@ -85,4 +85,34 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION sturdy.distribute() IS
-    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
+    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow, and queue_changed to the node that holds the queue. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
+
+CREATE FUNCTION sturdy.queue_node(queue text)
+    RETURNS TABLE (host text, port integer)
+    LANGUAGE plpgsql STABLE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = '22004', HINT = 'Pass a non-NULL queue.';
+    ELSIF queue = '' THEN
+        RAISE EXCEPTION 'queue must not be empty' USING ERRCODE = '22023', HINT = 'Pass a non-empty queue.';
+    END IF;
+    -- one server, or a cluster not distributed yet: no row (call where you are)
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE
+        'SELECT n.nodename::pg_catalog.text, n.nodeport::pg_catalog.int4
+           FROM pg_catalog.pg_dist_placement p
+           JOIN pg_catalog.pg_dist_node n ON n.groupid OPERATOR(pg_catalog.=) p.groupid
+          WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_partition d
+                         WHERE d.logicalrelid OPERATOR(pg_catalog.=) ''sturdy.queue''::pg_catalog.regclass)
+            AND p.shardid OPERATOR(pg_catalog.=)
+                pg_catalog.get_shard_id_for_distribution_column(''sturdy.queue''::pg_catalog.regclass, $1)
+            AND n.isactive AND n.noderole OPERATOR(pg_catalog.=) ''primary'''
+        USING queue;
+END
+$$;
+COMMENT ON FUNCTION sturdy.queue_node(queue text) IS
+    'Under Citus, after sturdy.distribute(): the node (host and port, as Citus knows it) that holds the queue''s shard, where a worker''s take and done on that queue cost what they cost on one server. No row on one server or before distribute(): call where you are. See docs/scale-out.md.';

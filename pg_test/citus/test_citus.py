@@ -562,11 +562,16 @@ def _on_node_holding(table, value):
 
 
 def test_a_cycle_on_the_queue_s_node_runs_no_statement_through_citus():
-    """On the node that holds the queue, a take and its done do their row
-    work on the shard itself: Citus runs no statement for them, locally or
-    on another node, once the session knows the queue."""
+    """On the node that holds the queue (sturdy.queue_node names it), a
+    take and its done do their row work on the shard itself: Citus runs no
+    statement for them, locally or on another node, once the session knows
+    the queue."""
     q = "on-its-node"
-    with node(_on_node_holding("sturdy.queue", q)) as c:
+    with connect() as c:
+        # where the worker goes: the node queue_node names
+        host, port = c.execute("SELECT host, port FROM sturdy.queue_node(%s)", (q,)).fetchone()
+    assert f"port={port}" in _on_node_holding("sturdy.queue", q)
+    with psycopg.connect(host=host, port=port, user="postgres", dbname=DB, autocommit=True) as c:
         for i in range(3):
             c.execute("SELECT sturdy.schedule(%s, now(), %s)", (f"{q}-{i}", q))
         c.execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
@@ -852,6 +857,8 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         assert call("pause", "SELECT sturdy.pause('every-q')") == (True,)
         assert call("resume", "SELECT sturdy.resume('every-q')") == (True,)
         call("queue_changed", "SELECT sturdy.queue_changed('every-q')")
+        [port] = nodes_holding(c, "sturdy.queue", ["every-q"])
+        assert call("queue_node", "SELECT port FROM sturdy.queue_node('every-q')") == (port,)
         call("limit_queue", "SELECT sturdy.limit_queue('every-q')")
         call("subscribe", "SELECT sturdy.subscribe('every.ev', 'every_app.sub(sturdy.outbox, integer)', 1)")
         (outbox, deliveries) = call("emit", "SELECT * FROM sturdy.emit('every.ev', '{}', 'agg')")

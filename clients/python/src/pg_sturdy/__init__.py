@@ -2,8 +2,8 @@
 method (`Sturdy`, `AsyncSturdy`), a worker (`Worker`) whose handlers run
 steps that replay from checkpoints (`Pass.step`, `Pass.transact`,
 `Pass.wait_for`), and the contract's errors as exceptions."""
-from .calls import (BatchRun, Checkpoint, Chunk, Emitted, Pumped, QueueStats, Receipt, Recorded, Signal, Status,
-                    Stuck, Taken)
+from .calls import (BatchRun, Checkpoint, Chunk, Emitted, Node, Pumped, QueueStats, Receipt, Recorded, Signal,
+                    Status, Stuck, Taken)
 from .client import AsyncSturdy, Sturdy
 from .errors import Conflict, Fenced, InvalidArgument, MissingObject, SturdyError
 from .worker import Pass, WaitTimeout, Worker
@@ -12,6 +12,6 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AsyncSturdy", "BatchRun", "Checkpoint", "Chunk", "Conflict", "Emitted", "Fenced", "InvalidArgument",
-    "MissingObject", "Pass", "Pumped", "QueueStats", "Receipt", "Recorded", "Signal", "Status", "Stuck", "Sturdy",
+    "MissingObject", "Node", "Pass", "Pumped", "QueueStats", "Receipt", "Recorded", "Signal", "Status", "Stuck", "Sturdy",
     "SturdyError", "Taken", "WaitTimeout", "Worker",
 ]

@@ -99,6 +99,11 @@ class Stuck(NamedTuple):
     stalled_since: dt.datetime
 
 
+class Node(NamedTuple):
+    host: str
+    port: int
+
+
 class QueueStats(NamedTuple):
     queue: str
     ready: int
@@ -410,6 +415,10 @@ def sample() -> Statement[int]:
 
 def distribute() -> Statement[None]:
     return _statement(_none, _call("distribute"))
+
+
+def queue_node(queue: str) -> Statement[Node | None]:
+    return _statement(_one(Node), _call("queue_node", ("queue", "text", queue), shape="table", required=1))
 
 
 def queue_changed(queue: str) -> Statement[None]:
