@@ -465,7 +465,13 @@ impl Table {
         // SAFETY: inside a transaction; the table is opened and locked as a
         // statement writing it would.
         unsafe {
-            let rel = pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _);
+            // (a shard found in Citus's metadata may have been dropped since:
+            // try; our own table was just found by its name)
+            let rel = if shard.is_some() {
+                pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _)
+            } else {
+                pg_sys::table_open(relid, pg_sys::RowExclusiveLock as _)
+            };
             if rel.is_null() {
                 return None;
             }
