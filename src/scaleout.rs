@@ -5,12 +5,13 @@
 //! - every statement runs a custom plan: Citus routes a statement by the
 //!   value of the distribution column, and cannot plan one whose value is a
 //!   parameter of a generic plan;
-//! - no row work is done without a statement (`access`): on the coordinator
-//!   a distributed table is an empty shell, its rows on the workers;
+//! - no row work is done without a statement (`access`) but on the node
+//!   that holds the row's shard (`shard`): on the coordinator a distributed
+//!   table is an empty shell, its rows on the workers;
 //! - a take reads its own queue's limits, not every queue's (which would ask
-//!   every shard), and keeps them as on one server on the coordinator, where
-//!   the calls that change them send their invalidations; on a worker node
-//!   (a call made or delegated there) it keeps nothing ([`on_coordinator`]);
+//!   every shard), and keeps them as on one server on the coordinator and on
+//!   the node that holds the queue, which the calls that change them tell;
+//!   elsewhere it keeps nothing (`queue::placed`);
 //! - on a worker node, a statement about a table kept on the coordinator
 //!   raises `0A000` (`plan`): the node's own copy is empty;
 //! - the takes keep no floor and share none: a floor is a position in this

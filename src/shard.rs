@@ -59,9 +59,6 @@ thread_local! {
     static WROTE: RefCell<Option<ShardOf>> = const { RefCell::new(None) };
     /// `get_current_transaction_id()`, Citus's.
     static TRANSACTION_ID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
-    /// Shards served here (tests only).
-    #[cfg(any(test, feature = "pg_test"))]
-    static SERVED: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Advisory locks of this class are Citus's colocated shards' metadata
@@ -195,15 +192,7 @@ pub fn local(table: pg_sys::Oid, key: &[u8]) -> Option<Shard> {
             *w = Some((table, key.to_vec()));
         }
     });
-    #[cfg(any(test, feature = "pg_test"))]
-    SERVED.with(|n| n.set(n.get() + 1));
     Some(shard)
-}
-
-/// How many times this backend served a shard here (tests only).
-#[cfg(any(test, feature = "pg_test"))]
-pub fn served() -> u64 {
-    SERVED.with(Cell::get)
 }
 
 fn watch() {
