@@ -1,12 +1,15 @@
 """pg_sturdy distributed by Citus (docs/scale-out.md): the API's guarantees
 called through the coordinator of a local cluster (a coordinator and two
-workers, scripts/citus.sh), with several clients at once.
+workers, scripts/citus.sh) and on its worker nodes (the node that holds a
+queue, and the other), with several clients at once.
 
 The cluster comes from the environment (scripts/suites.sh starts it):
   STURDY_SERVER       the coordinator's libpq settings, STURDY_DB its database
   STURDY_CITUS_NODES  each worker's libpq settings, separated by ';'
 """
+import datetime as dt
 import os
+import sys
 import threading
 import time
 
@@ -15,6 +18,7 @@ import pytest
 from sturdy import DB, DSN, SERVER, Worker, connect, start_and_join, wait_notifies
 
 NODES = [n for n in os.environ.get("STURDY_CITUS_NODES", "").split(";") if n]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def node(settings):
@@ -634,6 +638,61 @@ def test_a_call_on_the_queue_s_node_holds_citus_s_own_shard_metadata_lock():
             time.sleep(0.01)
         t.join()
     assert held == citus
+
+
+def test_python_workers_on_their_queue_s_node_finish_every_workflow_once():
+    """The Python client's Worker with on_queue_node=True: its takes and
+    ends go to the node that holds its queue (sturdy.queue_node), its LISTEN
+    and its fails to the coordinator. Two queues on the two workers, 60
+    workflows each with a step; one in ten fails its first pass (retried a
+    second later): every workflow finished once, its step recorded once."""
+    sys.path.insert(0, os.path.join(ROOT, "clients", "python", "src"))
+    from pg_sturdy import Worker as PassWorker
+    with connect() as c:
+        queues = []
+        for i in range(64):
+            q = f"py-node-{i}"
+            if not queues or nodes_holding(c, "sturdy.queue", [q]) != nodes_holding(c, "sturdy.queue", queues[:1]):
+                queues.append(q)
+            if len(queues) == 2:
+                break
+        for q in queues:
+            c.execute("SELECT sturdy.schedule(%s || '-' || i, now(), %s) FROM generate_series(1, 60) i", (q, q))
+    steps, lock = [], threading.Lock()
+
+    def handle(p):
+        def step():
+            with lock:
+                steps.append(p.workflow)
+            return {"by": p.workflow}
+        p.step("only", step)
+        if p.workflow.endswith("7") and p.attempt == 1:
+            raise RuntimeError("the first pass fails")
+
+    workers = [PassWorker(DSN, q, handle, lease=dt.timedelta(seconds=10), on_queue_node=True, poll=(0.02, 0.2))
+               for q in queues]
+    for w in workers:
+        w.start()
+    try:
+        deadline = time.monotonic() + 60
+        with connect() as c:
+            while time.monotonic() < deadline:
+                (left,) = c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = ANY(%s)", (queues,)).fetchone()
+                if left == 0:
+                    break
+                time.sleep(0.1)
+    finally:
+        for w in workers:
+            w.stop()
+        for w in workers:
+            w.join()
+    assert all(not w.errors for w in workers), [w.errors for w in workers]
+    with connect() as c:
+        assert left == 0
+        for q, w in zip(queues, workers):
+            assert w.node == c.execute("SELECT host, port FROM sturdy.queue_node(%s)", (q,)).fetchone()
+        (recorded,) = c.execute("SELECT count(*) FROM sturdy.checkpoints WHERE workflow LIKE 'py-node-%%'").fetchone()
+    assert recorded == 120 and len(steps) == 120 == len(set(steps))
 
 
 def test_a_change_of_a_queue_s_settings_on_a_worker_node_is_refused():

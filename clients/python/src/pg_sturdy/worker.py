@@ -28,6 +28,12 @@ worker takes nothing more and hands each pass in flight back: `wake_at` now
 and its claim released, so another worker takes it at once and replays it
 from its checkpoints.
 
+On Citus, `on_queue_node=True` takes and ends the passes on the node that
+holds the queue (`sturdy.queue_node`), where they cost what they cost on one
+server; the worker still connects to the dsn (the coordinator) to `LISTEN`,
+to hand passes back, and to `fail` or `finish` a pass that moves its
+instance (the instances are there).
+
 An idle worker sleeps on `LISTEN sturdy` (woken by the `schedule` that makes
 a row ready) and looks again at least every `poll[1]` seconds (rows that
 become due by the clock send nothing). Behind a pooler that cannot LISTEN,
@@ -45,6 +51,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import tuple_row
 
 from .calls import Receipt
@@ -55,6 +62,11 @@ T = TypeVar("T")
 log = logging.getLogger("pg_sturdy.worker")
 
 _SQLSTATE = re.compile(r"^[0-9A-Z]{5}$")
+
+# A worker on the queue's node asks again where the queue is after this many
+# seconds (when idle): a shard moved since goes on working through Citus,
+# at Citus's cost, until then.
+_NODE_AGAIN = 60.0
 
 # A wait with no deadline sleeps this long at most between looks: a value
 # that arrives wakes it at once (`arrive` schedules the workflow).
@@ -183,7 +195,7 @@ class Worker:
     def __init__(self, dsn: str, queue: str, handler: Callable[[Pass], Any], *, concurrency: int = 1,
                  lease: dt.timedelta = dt.timedelta(seconds=30), claim: bool = True, listen: bool = True,
                  poll: tuple[float, float] = (0.05, 1.0), status: str | None = None, prepare: bool = False,
-                 connect: Callable[[], psycopg.Connection[Any]] | None = None):
+                 connect: Callable[[], psycopg.Connection[Any]] | None = None, on_queue_node: bool = False):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if lease <= dt.timedelta(0):
@@ -191,6 +203,9 @@ class Worker:
         self.dsn, self.queue, self.handler = dsn, queue, handler
         self.concurrency, self.lease, self.claim, self.listen = concurrency, lease, claim, listen
         self.poll, self.status, self.prepare = poll, status, prepare
+        self.on_queue_node = on_queue_node
+        # the node the last takes went to (on_queue_node), None for the dsn's
+        self.node: tuple[str, int] | None = None
         # (no statement prepared unless asked: psycopg's automatic preparing
         # would leave named statements a pooler cannot carry across)
         self._connect = connect or (lambda: psycopg.connect(self.dsn, autocommit=True,
@@ -277,14 +292,37 @@ class Worker:
             beat = _Heartbeat(self)
             if self.listen:
                 conn.execute("LISTEN sturdy")
-            while not self._stop.is_set():
-                taken = s.take(self.queue, self.lease, 1, self.claim, self.listen)
-                if not taken:
-                    self._idle(conn, idle)
-                    idle = min(idle * 2, self.poll[1])
-                    continue
-                idle = self.poll[0]
-                self._pass(s, beat, taken[0])
+            work, found = self._queue_node(s), time.monotonic()
+            try:
+                ws = Sturdy(work, prepare=self.prepare) if work is not None else s
+                while not self._stop.is_set():
+                    taken = ws.take(self.queue, self.lease, 1, self.claim, self.listen)
+                    if not taken:
+                        self._idle(conn, idle)
+                        idle = min(idle * 2, self.poll[1])
+                        if work is not None and time.monotonic() - found > _NODE_AGAIN:
+                            return  # (connected again: the queue's shard may have moved)
+                        continue
+                    idle = self.poll[0]
+                    self._pass(ws, beat, taken[0], s)
+            finally:
+                if work is not None:
+                    work.close()
+
+    def _queue_node(self, s: Sturdy) -> psycopg.Connection[Any] | None:
+        """With `on_queue_node`, a connection to the node that holds the
+        queue (`sturdy.queue_node`), where a take and its done cost what
+        they cost on one server; None on one server (or not asked)."""
+        self.node = None
+        if not self.on_queue_node:
+            return None
+        node = s.queue_node(self.queue)
+        if node is None:
+            return None
+        conn = psycopg.connect(make_conninfo(self.dsn, host=node.host, port=node.port), autocommit=True,
+                               prepare_threshold=5 if self.prepare else None)
+        self.node = (node.host, node.port)
+        return conn
 
     def _idle(self, conn: psycopg.Connection[Any], seconds: float) -> None:
         if not self.listen:
@@ -294,7 +332,10 @@ class Worker:
         for _ in conn.notifies(timeout=self.poll[1], stop_after=1):
             pass
 
-    def _pass(self, s: Sturdy, beat: "_Heartbeat", t: Any) -> None:
+    def _pass(self, s: Sturdy, beat: "_Heartbeat", t: Any, home: Sturdy) -> None:
+        """One pass on `s`; `home` is the dsn's connection (the coordinator
+        where `s` is the queue's node), where `fail` and a `finish` that
+        moves the instance go: the instances are on the coordinator."""
         p = Pass(s, self.queue, t.workflow, t.receipt, t.token, t.attempt)
         if self.claim and t.token is None:
             # its claim is held (a pass that outlived its lease, or a claim
@@ -333,12 +374,14 @@ class Worker:
             code = getattr(e, "sqlstate", None)
             code = code if isinstance(code, str) and _SQLSTATE.match(code) else None
             text = f"{type(e).__name__}: {e}"[:1000]
-            self._ending(p, lambda: s.fail(p.workflow, p.receipt, text, self.queue, code=code))
+            self._ending(p, lambda: home.fail(p.workflow, p.receipt, text, self.queue, code=code))
         else:
             beat.disarm()
-            self._ending(p, lambda: s.finish(p.workflow, p.token, p.receipt, status=p.status or self.status,
-                                            queue=self.queue) if p.token is not None
-                         else s.done(p.workflow, p.receipt, self.queue))
+            # (a pass that moves its instance finishes where the instance is)
+            end = home if p.status or self.status else s
+            self._ending(p, lambda: end.finish(p.workflow, p.token, p.receipt, status=p.status or self.status,
+                                              queue=self.queue) if p.token is not None
+                         else end.done(p.workflow, p.receipt, self.queue))
         finally:
             beat.disarm()
             with self._lock:
