@@ -181,4 +181,32 @@ mod tests {
             Some("d-1".into())
         );
     }
+
+    #[pg_test]
+    fn queue_node_and_queue_changed_refuse_a_null_or_empty_queue_and_write_nothing() {
+        let rows = "SELECT (SELECT count(*) FROM sturdy.queue) + (SELECT count(*) FROM sturdy.queue_limits)";
+        Spi::run("SELECT sturdy.limit_queue('qn', running => 2)").unwrap();
+        let before = Spi::get_one::<i64>(rows).unwrap();
+        for (call, state) in [
+            ("SELECT * FROM sturdy.queue_node(NULL)", "22004"),
+            ("SELECT * FROM sturdy.queue_node('')", "22023"),
+            ("SELECT sturdy.queue_changed(NULL)", "22004"),
+            ("SELECT sturdy.queue_changed('')", "22023"),
+        ] {
+            assert_eq!(sqlstate_of(call), state, "{call}");
+        }
+        // a hostile name is a name: no node on one server, and a change
+        // told to this node's sessions writes nothing
+        let hostile = "'q''; DROP TABLE sturdy.queue; --'";
+        assert_eq!(
+            Spi::get_one::<i64>(&format!(
+                "SELECT count(*) FROM sturdy.queue_node({hostile})"
+            ))
+            .unwrap(),
+            Some(0)
+        );
+        Spi::run(&format!("SELECT sturdy.queue_changed({hostile})")).unwrap();
+        Spi::run("SELECT sturdy.queue_changed('qn')").unwrap();
+        assert_eq!(Spi::get_one::<i64>(rows).unwrap(), before);
+    }
 }
