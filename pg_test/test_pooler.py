@@ -141,6 +141,7 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("pause", "SELECT sturdy.pause('pooled-lim')") == (True,)
     assert call("resume", "SELECT sturdy.resume('pooled-lim')") == (True,)
     call("queue_changed", "SELECT sturdy.queue_changed('pooled-lim')")
+    call("queue_backdated", "SELECT sturdy.queue_backdated('pooled-lim')")
     # one server: no node to go to
     assert one("SELECT count(*) FROM sturdy.queue_node('pooled-lim')") == (0,)
     calls.append("queue_node")

@@ -345,6 +345,11 @@ CREATE FUNCTION sturdy.queue_changed(queue text) RETURNS void VOLATILE PARALLEL 
     AS 'MODULE_PATHNAME', 'sturdy_queue_changed';
 COMMENT ON FUNCTION sturdy.queue_changed(queue text) IS
     'Under Citus: the queue''s limits, its pause or its prioritized rows changed, so this node''s sessions read them again at their next take. limit_queue, pause, resume and a prioritized schedule call it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a read.';
+CREATE FUNCTION sturdy.queue_backdated(queue text) RETURNS void VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_queue_backdated';
+COMMENT ON FUNCTION sturdy.queue_backdated(queue text) IS
+    'Under Citus: a row of the queue was made ready before now (a past-dated schedule, wake_at or retry, a redrive), so this node''s takes of the queue look from its start at their next take, not from where they stood. Those calls make it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a scan from the start.';
 
 -- src/workflow.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
@@ -1113,7 +1118,7 @@ COMMENT ON FUNCTION sturdy.start(process text, business_key text, variables json
 --   no statement of ours joins the two kinds.
 -- The calls about one workflow's claim and checkpoints are delegated whole
 -- to the node that holds the workflow (create_distributed_function), and
--- queue_changed to the node that holds the queue.
+-- queue_changed and queue_backdated to the node that holds the queue.
 
 CREATE FUNCTION sturdy.distribute()
     RETURNS void
@@ -1168,20 +1173,23 @@ BEGIN
         PERFORM pg_catalog.create_distributed_function(f.fn, '$1', colocate_with => 'sturdy.claims');
     END LOOP;
     -- Delegated to the node holding the queue even inside a transaction
-    -- (force_delegation): the call by which a change of a queue's limits,
-    -- pause or prioritized rows reaches the sessions there, with the
-    -- change's commit.
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
-                    WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
-                      AND o.objid OPERATOR(pg_catalog.=) 'sturdy.queue_changed(text)'::regprocedure
-                      AND o.force_delegation) THEN
-        PERFORM pg_catalog.create_distributed_function('sturdy.queue_changed(text)'::regprocedure, '$1',
+    -- (force_delegation): the calls by which a change of a queue's limits,
+    -- pause or prioritized rows, and a row made ready before now, reach the
+    -- sessions there, in the change's transaction.
+    FOR f IN SELECT p.fn FROM (VALUES ('sturdy.queue_changed(text)'::regprocedure),
+                                      ('sturdy.queue_backdated(text)'::regprocedure)) AS p(fn)
+              WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
+                                 WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+                                   AND o.objid OPERATOR(pg_catalog.=) p.fn
+                                   AND o.force_delegation)
+    LOOP
+        PERFORM pg_catalog.create_distributed_function(f.fn, '$1',
             colocate_with => 'sturdy.queue', force_delegation => true);
-    END IF;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION sturdy.distribute() IS
-    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow, and queue_changed to the node that holds the queue. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
+    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow, and queue_changed and queue_backdated to the node that holds the queue. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
 
 CREATE FUNCTION sturdy.queue_node(queue text)
     RETURNS TABLE (host text, port integer)

@@ -17,7 +17,7 @@
 --   no statement of ours joins the two kinds.
 -- The calls about one workflow's claim and checkpoints are delegated whole
 -- to the node that holds the workflow (create_distributed_function), and
--- queue_changed to the node that holds the queue.
+-- queue_changed and queue_backdated to the node that holds the queue.
 
 CREATE FUNCTION sturdy.distribute()
     RETURNS void
@@ -72,20 +72,23 @@ BEGIN
         PERFORM pg_catalog.create_distributed_function(f.fn, '$1', colocate_with => 'sturdy.claims');
     END LOOP;
     -- Delegated to the node holding the queue even inside a transaction
-    -- (force_delegation): the call by which a change of a queue's limits,
-    -- pause or prioritized rows reaches the sessions there, with the
-    -- change's commit.
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
-                    WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
-                      AND o.objid OPERATOR(pg_catalog.=) 'sturdy.queue_changed(text)'::regprocedure
-                      AND o.force_delegation) THEN
-        PERFORM pg_catalog.create_distributed_function('sturdy.queue_changed(text)'::regprocedure, '$1',
+    -- (force_delegation): the calls by which a change of a queue's limits,
+    -- pause or prioritized rows, and a row made ready before now, reach the
+    -- sessions there, in the change's transaction.
+    FOR f IN SELECT p.fn FROM (VALUES ('sturdy.queue_changed(text)'::regprocedure),
+                                      ('sturdy.queue_backdated(text)'::regprocedure)) AS p(fn)
+              WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
+                                 WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
+                                   AND o.objid OPERATOR(pg_catalog.=) p.fn
+                                   AND o.force_delegation)
+    LOOP
+        PERFORM pg_catalog.create_distributed_function(f.fn, '$1',
             colocate_with => 'sturdy.queue', force_delegation => true);
-    END IF;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION sturdy.distribute() IS
-    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow, and queue_changed to the node that holds the queue. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
+    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow, and queue_changed and queue_backdated to the node that holds the queue. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
 
 CREATE FUNCTION sturdy.queue_node(queue text)
     RETURNS TABLE (host text, port integer)

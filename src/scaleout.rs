@@ -183,7 +183,8 @@ mod tests {
     }
 
     #[pg_test]
-    fn queue_node_and_queue_changed_refuse_a_null_or_empty_queue_and_write_nothing() {
+    fn queue_node_queue_changed_and_queue_backdated_refuse_a_null_or_empty_queue_and_write_nothing()
+    {
         let rows = "SELECT (SELECT count(*) FROM sturdy.queue) + (SELECT count(*) FROM sturdy.queue_limits)";
         Spi::run("SELECT sturdy.limit_queue('qn', running => 2)").unwrap();
         let before = Spi::get_one::<i64>(rows).unwrap();
@@ -192,6 +193,8 @@ mod tests {
             ("SELECT * FROM sturdy.queue_node('')", "22023"),
             ("SELECT sturdy.queue_changed(NULL)", "22004"),
             ("SELECT sturdy.queue_changed('')", "22023"),
+            ("SELECT sturdy.queue_backdated(NULL)", "22004"),
+            ("SELECT sturdy.queue_backdated('')", "22023"),
         ] {
             assert_eq!(sqlstate_of(call), state, "{call}");
         }
@@ -207,6 +210,27 @@ mod tests {
         );
         Spi::run(&format!("SELECT sturdy.queue_changed({hostile})")).unwrap();
         Spi::run("SELECT sturdy.queue_changed('qn')").unwrap();
+        Spi::run(&format!("SELECT sturdy.queue_backdated({hostile})")).unwrap();
         assert_eq!(Spi::get_one::<i64>(rows).unwrap(), before);
+    }
+
+    #[pg_test]
+    fn queue_backdated_sends_this_nodes_takes_back_to_the_start() {
+        // what a take compares its floor's generation with
+        let generation = || {
+            Spi::get_one::<i64>("SELECT last_value FROM sturdy.queue_generation")
+                .unwrap()
+                .unwrap()
+        };
+        let before = generation();
+        Spi::run("SELECT sturdy.queue_backdated('qb')").unwrap();
+        assert!(generation() > before);
+        // and so does a past-dated schedule, through the same call
+        let before = generation();
+        Spi::run("SELECT sturdy.schedule('qb-1', now() - interval '1 minute', 'qb')").unwrap();
+        assert!(generation() > before);
+        let before = generation();
+        Spi::run("SELECT sturdy.schedule('qb-2', now(), 'qb')").unwrap();
+        assert_eq!(generation(), before);
     }
 }

@@ -74,10 +74,12 @@ def test_distribute_places_every_table_and_runs_again_harmlessly():
             ["sturdy.claim", "sturdy.renew", "sturdy.release", "sturdy.fence", "sturdy.record", "sturdy.load"]
         )
         # delegated inside any transaction to the queue's node
-        assert c.execute(
-            "SELECT force_delegation, colocationid, distribution_argument_index FROM pg_dist_object"
-            " WHERE classid = 'pg_proc'::regclass AND objid = 'sturdy.queue_changed(text)'::regprocedure"
-        ).fetchone() == (True, int(group["sturdy.queue"]), 0)
+        for fn in ("sturdy.queue_changed(text)", "sturdy.queue_backdated(text)"):
+            assert c.execute(
+                "SELECT force_delegation, colocationid, distribution_argument_index FROM pg_dist_object"
+                " WHERE classid = 'pg_proc'::regclass AND objid = %s::regprocedure",
+                (fn,),
+            ).fetchone() == (True, int(group["sturdy.queue"]), 0)
         # both workers hold shards of each kind
         assert len(nodes_holding(c, "sturdy.queue", [f"q-{i}" for i in range(16)])) == 2
         assert len(nodes_holding(c, "sturdy.claims", [f"w-{i}" for i in range(16)])) == 2
@@ -536,6 +538,46 @@ def test_a_take_on_the_queue_s_node_keeps_its_settings_and_a_change_reaches_it()
         assert len(taker.execute(take).fetchall()) == 1
 
 
+@pytest.mark.parametrize("where", ["queue's node", "coordinator", "other worker", "transaction across nodes"])
+def test_a_row_made_ready_before_now_elsewhere_is_taken_first_on_the_queue_s_node(where):
+    """On the node that holds a queue, takes scan from where they stood (a
+    floor), as on one server; a row made ready before now on any node
+    reaches them (queue_backdated, delegated to the queue's node): the next
+    take hands it out first, not the rows above the floor."""
+    q = f"backdated {where}"
+    with connect() as admin:
+        [holding] = nodes_holding(admin, "sturdy.queue", [q])
+        admin.execute("SELECT sturdy.schedule(%s || '-' || i, now(), %s) FROM generate_series(1, 6) i", (q, q))
+        # a queue on the other worker, for the transaction across nodes
+        other_q = next(f"elsewhere-{i}" for i in range(64)
+                       if nodes_holding(admin, "sturdy.queue", [f"elsewhere-{i}"]) != {holding})
+    here = next(n for n in NODES if f"port={holding}" in n)
+    other = next(n for n in NODES if f"port={holding}" not in n)
+    with node(here) as taker, node(other) as elsewhere, connect() as admin:
+        def take():
+            return taker.execute("SELECT workflow FROM sturdy.take(%s)", (q,)).fetchall()
+        # from the start, then from the floor it left (within the second
+        # before the next scan from the start is due)
+        assert take() == [(f"{q}-1",)]
+        assert take() == [(f"{q}-2",)]
+        late = "SELECT sturdy.schedule('late', now() - interval '1 hour', %s)"
+        if where == "queue's node":
+            taker.execute(late, (q,))
+        elif where == "coordinator":
+            admin.execute(late, (q,))
+        elif where == "other worker":
+            elsewhere.execute(late, (q,))
+        else:
+            with admin.transaction():
+                admin.execute(late, (q,))
+                admin.execute("SELECT sturdy.schedule('late', now() - interval '1 hour', %s)", (other_q,))
+                admin.execute("SELECT sturdy.claim('backdated-claim', '1 minute', 'me')")
+        assert take() == [("late",)]
+        assert take() == [(f"{q}-3",)]
+        if where == "transaction across nodes":
+            assert admin.execute("SELECT workflow FROM sturdy.take(%s)", (other_q,)).fetchall() == [("late",)]
+
+
 def _remote_and_local(c, sql, params=()):
     """What Citus logged for `sql`: the commands sent to other nodes and
     the statements it ran locally on a shard."""
@@ -916,6 +958,7 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         assert call("pause", "SELECT sturdy.pause('every-q')") == (True,)
         assert call("resume", "SELECT sturdy.resume('every-q')") == (True,)
         call("queue_changed", "SELECT sturdy.queue_changed('every-q')")
+        call("queue_backdated", "SELECT sturdy.queue_backdated('every-q')")
         [port] = nodes_holding(c, "sturdy.queue", ["every-q"])
         assert call("queue_node", "SELECT port FROM sturdy.queue_node('every-q')") == (port,)
         call("limit_queue", "SELECT sturdy.limit_queue('every-q')")

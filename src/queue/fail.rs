@@ -247,7 +247,7 @@ fn fail_at(
         return Ok(None);
     };
     if past {
-        generation::bump();
+        placed::backdated(queue.bytes())?;
     }
     if ready {
         wake_if_waited(queue)?;
@@ -402,7 +402,7 @@ fn redrive_workflow(workflow: Option<Text>, queue: Option<Text>) -> Result<bool>
     if redriven {
         // ready at its old place in take's order: takes whose floor is past
         // it look from the start again
-        generation::bump();
+        placed::backdated(queue.bytes())?;
         wake_if_waited(queue)?;
     }
     Ok(redriven)

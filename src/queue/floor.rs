@@ -91,8 +91,18 @@ pub(super) fn remember(
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
         let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-        // (the activity sample only where a floor is kept)
-        let found = || floor_after(taken.oldest, now, crate::activity::running_since());
+        // (the activity sample only where a floor is kept; not under
+        // Citus, where a row's time is its transaction's start on the node
+        // that began it, and the transaction that writes it here began
+        // later, on this node)
+        let found = || {
+            let since = if crate::scaleout::distributed() {
+                None
+            } else {
+                crate::activity::running_since()
+            };
+            floor_after(taken.oldest, now, since)
+        };
         match (floors.get_mut(queue.bytes()), full) {
             (Some(fl), None) => {
                 if taken.oldest.is_some() {
@@ -165,7 +175,10 @@ pub(super) mod generation {
         }
     }
 
-    pub fn bump() {
+    /// A row was made ready before now: this node's takes look from the
+    /// start (see [`super::placed::backdated`], which also tells the node
+    /// that holds the queue under Citus).
+    pub fn bump_here() {
         SEQUENCE.advance();
     }
 }

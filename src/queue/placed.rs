@@ -3,7 +3,9 @@
 //! coordinator, where the calls that change them run and tell every
 //! session, and on the worker node that holds the queue's shard, which they
 //! tell through `sturdy.queue_changed` (delegated there by `distribute()`).
-//! On one server, everywhere.
+//! And where its takes keep floors: on the node that holds the shard, which
+//! the calls that make a row ready before now tell through
+//! `sturdy.queue_backdated`. On one server, everywhere.
 
 use std::cell::Cell;
 
@@ -21,20 +23,28 @@ thread_local! {
     /// of a queue's settings here is kept under it too ([`settings_mark`]),
     /// so a shard moved away and back finds nothing kept from before.
     static PLACED: Cell<u64> = const { Cell::new(0) };
-    /// Whether `sturdy.queue_changed` is delegated to the queue's node, under
-    /// the same mark.
+    /// Whether `sturdy.queue_changed` and `sturdy.queue_backdated` are
+    /// delegated to the queue's node, under the same mark.
     static DELEGATED: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 /// What is kept here, as of `sturdy.queue`'s mark of now: dropped where it
-/// moved (or cannot be kept).
+/// moved (or cannot be kept). A mark this backend has not seen moves take's
+/// generation too: a shard that comes back to this node carries the rows
+/// made ready before now while it was away, whose `queue_backdated` went to
+/// the node that held it then, below the floors this node's takes kept
+/// (theirs and those they share in `heads`).
 fn placements() {
     let mark = QUEUE.mark().filter(|m| m.keepable());
-    if mark.is_none() || HELD_UNDER.with(Cell::get) != mark {
+    let moved = HELD_UNDER.with(Cell::get) != mark;
+    if mark.is_none() || moved {
         HELD_UNDER.with(|h| h.set(mark));
         HELD.with(|h| h.borrow_mut().clear());
         PLACED.with(|p| p.set(p.get() + 1));
         DELEGATED.with(|d| d.set(None));
+    }
+    if moved {
+        generation::bump_here();
     }
 }
 
@@ -75,10 +85,11 @@ static HOLDS: Statement = Statement {
 };
 
 static DELEGATION: Statement = Statement {
-    sql: "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
-                          WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
-                            AND o.objid OPERATOR(pg_catalog.=) 'sturdy.queue_changed(text)'::pg_catalog.regprocedure
-                            AND o.force_delegation)",
+    sql: "SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_dist_object o
+           WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+             AND o.objid OPERATOR(pg_catalog.=) ANY (ARRAY['sturdy.queue_changed(text)'::pg_catalog.regprocedure,
+                                                        'sturdy.queue_backdated(text)'::pg_catalog.regprocedure]::pg_catalog.oid[])
+             AND o.force_delegation",
     args: &[],
     writes: false,
     generic: false,
@@ -96,17 +107,61 @@ pub(super) fn settings_mark(queue: &[u8], mark: access::Mark) -> Result<access::
         return Ok(mark);
     }
     placements();
-    let delegated = match DELEGATED.with(Cell::get) {
-        Some(known) => known,
-        None => {
-            let known = run_one(&DELEGATION, &[], first_value::<bool>)?.unwrap_or(false);
-            DELEGATED.with(|d| d.set(Some(known)));
-            known
-        }
-    };
-    let keep = delegated && holds(queue)?;
+    let keep = delegated()? && holds(queue)?;
     Ok(mark.with(PLACED.with(Cell::get), keep))
 }
+
+/// Whether the calls that change a queue tell its node (`distribute()`
+/// delegated `queue_changed` and `queue_backdated` there), as of the
+/// placements' mark [`placements`] last saw.
+fn delegated() -> Result<bool> {
+    if let Some(known) = DELEGATED.with(Cell::get) {
+        return Ok(known);
+    }
+    let known = run_one(&DELEGATION, &[], first_value::<bool>)?.unwrap_or(false);
+    DELEGATED.with(|d| d.set(Some(known)));
+    Ok(known)
+}
+
+/// Whether a take of `queue` keeps a floor (`floor`): on one server always;
+/// under Citus where this node holds the queue's shard, so that a row made
+/// ready before now is signalled here (`queue_backdated`, delegated here by
+/// `distribute()`), on a worker or on a coordinator that holds shards.
+/// Anywhere else a take scans the queue's shard from the start.
+pub(super) fn takes_keep_floors(queue: &[u8]) -> Result<bool> {
+    if !distributed() {
+        return Ok(true);
+    }
+    placements();
+    Ok(delegated()? && holds(queue)?)
+}
+
+/// A row of `queue` was made ready before now (`generation`): this node's
+/// takes scan from the start at their next take, and under Citus so do the
+/// takes on the node that holds the queue: `sturdy.queue_backdated` runs
+/// there, in this transaction (delegated by `distribute()`), where that is
+/// not this node.
+pub(super) fn backdated(queue: &[u8]) -> Result<()> {
+    generation::bump_here();
+    if !distributed() {
+        return Ok(());
+    }
+    placements();
+    if holds(queue)? {
+        return Ok(());
+    }
+    run_one(&TELL_BACKDATED, &[Text::from_bytes(queue).into()], |_| {
+        Ok(())
+    })
+}
+
+/// Delegated to the queue's node, as [`TELL_QUEUE_NODE`].
+static TELL_BACKDATED: Statement = Statement {
+    sql: "SELECT FROM sturdy.queue_backdated($1)",
+    args: &[pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
 
 /// A queue's settings change (`limit_queue`, `pause`, `resume`, a
 /// prioritized `schedule`): under Citus only on the coordinator, which

@@ -100,7 +100,7 @@ pub fn schedule_at(
         priority::scheduled(queue)?;
     }
     if at < now {
-        generation::bump();
+        placed::backdated(queue.bytes())?;
     }
     if at <= now {
         wake_if_waited(queue)?;
@@ -183,7 +183,7 @@ fn wake_at(
         },
     )?;
     if moved.is_some() && at < pgrx::datum::now() && schema::current() {
-        generation::bump();
+        placed::backdated(queue.bytes())?;
     }
     if moved == Some(true) {
         wake(queue)?;

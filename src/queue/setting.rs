@@ -390,3 +390,13 @@ fn queue_changed(queue: Option<Text>) -> Result<()> {
     super::priority::signalled(queue);
     Ok(())
 }
+
+#[sql_function(
+    "sturdy.queue_backdated(queue text) RETURNS void VOLATILE PARALLEL UNSAFE",
+    comment = "Under Citus: a row of the queue was made ready before now (a past-dated schedule, wake_at or retry, a redrive), so this node's takes of the queue look from its start at their next take, not from where they stood. Those calls make it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a scan from the start."
+)]
+fn queue_backdated(queue: Option<Text>) -> Result<()> {
+    args::name("queue", queue)?;
+    generation::bump_here();
+    Ok(())
+}

@@ -394,17 +394,18 @@ pub(crate) fn take(
     }
     let start = Instant::now();
     let now = pgrx::datum::now();
+    // Under Citus a take keeps a floor only on the node that holds the
+    // queue's shard, where a row made ready before now is signalled
+    // (`placed`); elsewhere every take scans the shard from the start.
+    // (Asked first: a move of the shard seen now moves the generation.)
+    let floors = placed::takes_keep_floors(queue.bytes())?;
     // Read before any scan: a past-dated write that bumps it after this
     // point is found by the next take.
     let (installation, generation) = generation::read();
-    // Under Citus a take keeps no floor: a floor is a place in this node's
-    // heap, and the rows are on the workers (`scaleout`). Every take scans
-    // its queue's shard from the start.
-    let distributed = crate::scaleout::distributed();
     // the floors other backends reached here (`heads`), for this generation
     let shared = installation
         .zip(generation)
-        .filter(|_| !distributed)
+        .filter(|_| floors)
         .and_then(|(oid, g)| Some((heads::Queue::new(oid, queue.bytes())?, g)));
     let take = |left: usize, from: Position, due: TimestampWithTimeZone| {
         if keyed {
@@ -423,13 +424,13 @@ pub(crate) fn take(
             hand,
         )
     };
-    let (floor, stood) = if distributed {
-        (None, None)
-    } else {
+    let (floor, stood) = if floors {
         where_to_start(queue, shared, generation, start)
+    } else {
+        (None, None)
     };
     let (mut taken, full) = scan(floor, max as usize, now, take)?;
-    if distributed {
+    if !floors {
         return close(first + taken.rows);
     }
     // rows found below where the takes stood: left behind (see `where_to_start`)

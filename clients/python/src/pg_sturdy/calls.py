@@ -425,6 +425,10 @@ def queue_changed(queue: str) -> Statement[None]:
     return _statement(_none, _call("queue_changed", ("queue", "text", queue), required=1))
 
 
+def queue_backdated(queue: str) -> Statement[None]:
+    return _statement(_none, _call("queue_backdated", ("queue", "text", queue), required=1))
+
+
 def grant_usage(role: str) -> Statement[None]:
     return _statement(_none, _call("grant_usage", ("role", "name", role), required=1))
 
