@@ -202,3 +202,46 @@ pub(super) unsafe fn same_bytes(stored: pg_sys::Datum, value: pg_sys::Datum) -> 
         bytes(stored) == bytes(value.cast_mut_ptr())
     }
 }
+
+impl Opened {
+    /// Whether a row visible now has `key` = `value` and `positive` above
+    /// 0: one probe of the table's partial btree on (`key`, `positive`, …)
+    /// `WHERE positive > 0` (`queue_prioritized`), which holds only such
+    /// rows, as `SELECT EXISTS` over them would answer it in this
+    /// transaction (a fresh snapshot where the statement would take one,
+    /// and this transaction's own writes). `None` where the table has no
+    /// such index or `key` is not `text`: a statement must say.
+    pub fn any_positive(&self, key: Col, positive: Col, value: pg_sys::Datum) -> Option<bool> {
+        let shape = &self.shape;
+        if shape.types[key.0] != pg_sys::TEXTOID {
+            return None;
+        }
+        let (key_at, positive_at) = (shape.attnums[key.0], shape.attnums[positive.0]);
+        let index = shape.indexes.iter().find(|index| {
+            index.keys.first() == Some(&key_at)
+                && index.keys.get(1) == Some(&positive_at)
+                && index.only == Some(Only::Positive(positive_at))
+        })?;
+        // SAFETY: inside a transaction, with the table open (`self.rel`);
+        // the index opened, the snapshot registered, the slot and the scan
+        // are ended before we return, and on an error raised beneath us the
+        // abort releases them (see `unwinding`); the key is the index's
+        // first column, `text`.
+        unsafe {
+            let opened = Open(pg_sys::index_open(index.oid, pg_sys::AccessShareLock as _));
+            pg_sys::CommandCounterIncrement();
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+            let slot = pg_sys::table_slot_create(self.rel.0, std::ptr::null_mut());
+            let mut keys: [pg_sys::ScanKeyData; 1] = std::mem::zeroed();
+            equal_key(&mut keys[0], opened.0, 0, value);
+            let scan = begin_scan(self.rel.0, opened.0, snapshot, &mut keys, false);
+            let found =
+                pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+            pg_sys::index_endscan(scan);
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            pg_sys::UnregisterSnapshot(snapshot);
+            count_served();
+            Some(found)
+        }
+    }
+}

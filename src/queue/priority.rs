@@ -86,14 +86,34 @@ static ANY: Statement = Statement {
 
 /// Whether `queue` may have prioritized rows: without a look where this
 /// backend found none under the mark of now (see [`to_look`]), else by one
-/// probe of the partial index, remembered.
+/// probe of the partial index ([`probed`], or a statement), remembered.
 pub(super) fn any(queue: Name) -> Result<bool> {
     let Some(mark) = to_look(queue)? else {
         return Ok(false);
     };
-    let any = run_one(&ANY, &[queue.into()], first_value::<bool>)?.unwrap_or(true);
+    let any = match probed(queue)? {
+        Some(any) => any,
+        None => run_one(&ANY, &[queue.into()], first_value::<bool>)?.unwrap_or(true),
+    };
     found(queue, mark, any);
     Ok(any)
+}
+
+/// Whether `queue` has prioritized rows, found without a statement (one
+/// probe of `queue_prioritized`, `access`), where the call may do its row
+/// work here; `None` where a statement must say. A take's look, every
+/// second per queue and backend, costs a probe, not [`TAKE_PRIORITIZED`]:
+/// under Citus that statement is planned for the shard and run through
+/// Citus's local execution, which parses it again, and it opens a
+/// distributed transaction that the take's own write then commits by
+/// two-phase commit (`shard`).
+fn probed(queue: Name) -> Result<Option<bool>> {
+    let Some(q) = queue.into_datum() else {
+        return Ok(None);
+    };
+    QUEUE.with(&[], queue.bytes(), |table| {
+        Ok(table.any_positive(Q_QUEUE, Q_PRIORITY, q))
+    })
 }
 
 /// Remember that `queue` had no prioritized row under `mark`, or forget
@@ -186,6 +206,10 @@ pub(super) fn take(
     mark: access::Mark,
     hand: Hand<'_>,
 ) -> Result<usize> {
+    if probed(queue)? == Some(false) {
+        found(queue, mark, false);
+        return Ok(0);
+    }
     let due = pgrx::datum::now();
     let mut handed = 0;
     for _ in 0..TAKE_ATTEMPTS {
