@@ -8,10 +8,12 @@ this measures what does not depend on that:
    counted), and the median time a call takes from one client; and the
    calls about one queue made on the node that holds it;
 2. the job cycle (take, done) from 4 clients over 32 queues, through the
-   coordinator of 1, 2 and 4 workers and made on the node that holds each
-   queue: each worker's share of the rows done, and the CPU each node spent
-   per cycle (all its processes, from /proc), against one plain server
-   doing the same;
+   coordinator of 1, 2 and 4 workers (each client over every queue) and
+   made on the node that holds each queue (each client over the queues of
+   one worker node, as a worker on its queue's node): each worker's share
+   of the rows done, and the CPU each node spent per cycle (all its
+   processes, from /proc), against one plain server doing the same, and
+   against one plain server with as many clients as each worker node has;
 3. from those, the model in docs/scale-out.md of where a cluster passes
    one server.
 
@@ -182,13 +184,14 @@ def count_call_commands(c, setup, steps, setup_c):
     return statistics.median(counts)
 
 
-def cycles(nodes, citus, direct=False):
-    """The job cycle from CLIENTS threads over QUEUES for SECONDS: cycles
+def cycles(nodes, citus, direct=False, clients=CLIENTS):
+    """The job cycle from `clients` threads over QUEUES for SECONDS: cycles
     done, each node's CPU seconds, and the cycles each worker served (each
     queue is on one node: Citus's placement of its shard). `direct`: each
     call made on the node that holds its queue, not through the
-    coordinator."""
+    coordinator. The queues start empty, then 4,000 rows each."""
     with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+        c.execute("TRUNCATE sturdy.queue")
         c.execute(
             "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
             " SELECT q, q || '/' || i, now(), now() FROM unnest(%s::text[]) q, generate_series(1, 4000) i",
@@ -202,40 +205,61 @@ def cycles(nodes, citus, direct=False):
                     " WHERE p.shardid = get_shard_id_for_distribution_column('sturdy.queue', %s::text)",
                     (q,)).fetchone()
                 home[q] = ports.index(port)
-    served = [[0] * len(nodes) for _ in range(CLIENTS)]
+    served = [[0] * len(nodes) for _ in range(clients)]
     stop_at = [None]
-    ready = threading.Barrier(CLIENTS + 1)
+    ready = threading.Barrier(clients + 1)
+    # The CPU is read while every client's backend still lives: one that
+    # has exited and is not yet reaped is in neither its postmaster's
+    # children's times nor the live processes' (measured: half a node's
+    # CPU went missing that way in some runs).
+    finished = threading.Barrier(clients + 1)
+    counted = threading.Event()
 
     def client(k):
         conns = [psycopg.connect(dsn(*n), autocommit=True) for n in (nodes if direct else nodes[:1])]
+        # Made on the queue's node, a client works the queues of one worker
+        # node, as a worker that connects to its queue's node does (client
+        # k on worker k mod N); through the coordinator, every queue.
+        mine = QUEUES
+        if direct:
+            at = 1 + k % (len(nodes) - 1)
+            mine = [q for q in QUEUES if home[q] == at] or QUEUES
         try:
             def on(q):
                 return conns[home[q]] if direct else conns[0]
             turn = k * 7
             for _ in range(20):  # Citus's connections to the workers made
                 turn += 1
-                q = QUEUES[turn % len(QUEUES)]
+                q = mine[turn % len(mine)]
                 on(q).execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
             ready.wait()
             while time.monotonic() < stop_at[0]:
                 turn += 1
-                q = QUEUES[turn % len(QUEUES)]
+                q = mine[turn % len(mine)]
                 on(q).execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
                 served[k][home[q]] += 1
+            finished.wait()
+            counted.wait()
+        except BaseException:
+            ready.abort()
+            finished.abort()
+            raise
         finally:
             for c in conns:
                 c.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
     time.sleep(2)
     cpu0 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
     stop_at[0] = time.monotonic() + SECONDS
     ready.wait()
+    finished.wait()
+    cpu1 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
+    counted.set()
     for t in threads:
         t.join()
-    cpu1 = [cpu_seconds(os.path.join(n, "data")) for n, _ in nodes]
     per_node = [sum(s[i] for s in served) for i in range(len(nodes))]
     return sum(per_node), [b - a for a, b in zip(cpu0, cpu1)], per_node
 
@@ -253,6 +277,15 @@ def main():
     try:
         calls_plain = per_call(plain, citus=False)
         n_plain, cpu_plain, _ = cycles(plain, citus=False)
+        # A node's own reference: one server under the load a worker node
+        # gets with N workers, CLIENTS / N clients at once (its WAL flushes
+        # then serve as few commits each, its backends wake as often).
+        alike = {}
+        for w in WORKERS:
+            k = max(CLIENTS // w, 1)
+            if k not in alike:
+                n, cpu, _ = cycles(plain, citus=False, clients=k)
+                alike[k] = cpu[0] / n
     finally:
         stop(plain)
     cluster = start_citus("calls", 2, PORT + 10)
@@ -275,10 +308,13 @@ def main():
         print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {remote:g} {there}")
 
     print("\n| nodes | calls made | cycles/s | coordinator CPU µs per cycle | each worker's CPU µs per cycle |"
-          " all nodes' CPU per cycle, x one server | each worker's share of the rows done |")
-    print("|---|---|---:|---:|---:|---:|---|")
+          " all nodes' CPU per cycle, x one server | each worker's share of the rows done |"
+          " each worker's cycles per CPU-second, x one server with as many clients as a worker has |")
+    print("|---|---|---:|---:|---:|---:|---|---|")
     per_cycle = cpu_plain[0] / n_plain
-    print(f"| one server, no Citus | there | {n_plain / SECONDS:.0f} | {1e6 * per_cycle:.0f} | - | 1.00x | - |")
+    print(f"| one server, no Citus | there | {n_plain / SECONDS:.0f} | {1e6 * per_cycle:.0f} | - | 1.00x | - | - |")
+    for k, c in sorted(alike.items(), reverse=True):
+        print(f"| one server, no Citus, {k} client{'s' if k > 1 else ''} | there | - | {1e6 * c:.0f} | - | - | - | - |")
     for w in WORKERS:
         for direct in (False, True):
             nodes = start_citus(f"w{w}{'d' if direct else ''}", w, PORT + 20 + 10 * w)
@@ -290,11 +326,13 @@ def main():
             shares = ", ".join(f"{100 * r / total:.0f}%" for r in rows[1:])
             # each worker's CPU per cycle it served (its own queues' cycles)
             workers = ", ".join(f"{1e6 * c / max(r, 1):.0f}" for c, r in zip(cpu[1:], rows[1:]))
+            like = alike[max(CLIENTS // w, 1)]
+            per_node = ", ".join(f"{like / (c / max(r, 1)):.2f}x" for c, r in zip(cpu[1:], rows[1:]))
             assert rows[0] == 0, "a queue on the coordinator"
             print(f"| coordinator + {w} worker{'s' if w > 1 else ''} |"
                   f" {'on the queue' + chr(39) + 's node' if direct else 'through the coordinator'} |"
                   f" {n / SECONDS:.0f} | {1e6 * cpu[0] / n:.0f} | {workers} |"
-                  f" {sum(cpu) / n / per_cycle:.2f}x | {shares} |")
+                  f" {sum(cpu) / n / per_cycle:.2f}x | {shares} | {per_node} |")
             sys.stdout.flush()
     return 0
 

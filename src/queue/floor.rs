@@ -80,13 +80,14 @@ pub(super) fn every(due: Duration) -> i64 {
 /// floor after one from the floor). `full`: what a scan from the start in
 /// it cost, and whether it found rows left below the floor (`drain`);
 /// `from`, where it started by a floor, which for a backend's first take
-/// here is another backend's.
+/// here is another backend's. `citus`: the tables are distributed.
 pub(super) fn remember(
     queue: Name,
     taken: &Taken,
     full: Option<(Duration, bool)>,
     from: Option<Position>,
     generation: Option<i64>,
+    citus: bool,
 ) {
     FLOORS.with(|f| {
         let mut floors = f.borrow_mut();
@@ -96,7 +97,7 @@ pub(super) fn remember(
         // that began it, and the transaction that writes it here began
         // later, on this node)
         let found = || {
-            let since = if crate::scaleout::distributed() {
+            let since = if citus {
                 None
             } else {
                 crate::activity::running_since()

@@ -123,15 +123,13 @@ fn delegated() -> Result<bool> {
     Ok(known)
 }
 
-/// Whether a take of `queue` keeps a floor (`floor`): on one server always;
-/// under Citus where this node holds the queue's shard, so that a row made
-/// ready before now is signalled here (`queue_backdated`, delegated here by
-/// `distribute()`), on a worker or on a coordinator that holds shards.
-/// Anywhere else a take scans the queue's shard from the start.
+/// Under Citus, whether a take of `queue` keeps a floor (`floor`; on one
+/// server it always does): where this node holds the queue's shard, so
+/// that a row made ready before now is signalled here (`queue_backdated`,
+/// delegated here by `distribute()`), on a worker or on a coordinator that
+/// holds shards. Anywhere else a take scans the queue's shard from the
+/// start.
 pub(super) fn takes_keep_floors(queue: &[u8]) -> Result<bool> {
-    if !distributed() {
-        return Ok(true);
-    }
     placements();
     Ok(delegated()? && holds(queue)?)
 }

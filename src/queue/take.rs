@@ -398,7 +398,8 @@ pub(crate) fn take(
     // queue's shard, where a row made ready before now is signalled
     // (`placed`); elsewhere every take scans the shard from the start.
     // (Asked first: a move of the shard seen now moves the generation.)
-    let floors = placed::takes_keep_floors(queue.bytes())?;
+    let citus = crate::scaleout::distributed();
+    let floors = !citus || placed::takes_keep_floors(queue.bytes())?;
     // Read before any scan: a past-dated write that bumps it after this
     // point is found by the next take.
     let (installation, generation) = generation::read();
@@ -443,6 +444,7 @@ pub(crate) fn take(
         full.map(|cost| (cost, drain)),
         stood,
         generation,
+        citus,
     );
     taken.rows += look_again_by_the_clock(
         queue,
@@ -452,6 +454,7 @@ pub(crate) fn take(
         now,
         max as usize - taken.rows.min(max as usize),
         take,
+        citus,
     )?;
     publish_floor(queue, shared);
     close(first + taken.rows)
@@ -583,6 +586,7 @@ fn look_again_by_the_clock(
     now: TimestampWithTimeZone,
     mut left: usize,
     take: impl Fn(usize, Position, TimestampWithTimeZone) -> Result<Taken>,
+    citus: bool,
 ) -> Result<usize> {
     let mut took = 0;
     let mut stale_since = pg_sys::TimestampTz::from(now);
@@ -603,7 +607,7 @@ fn look_again_by_the_clock(
             break;
         };
         let more = take(left, at, clock)?;
-        remember(queue, &more, None, None, generation);
+        remember(queue, &more, None, None, generation, citus);
         took += more.rows;
         left -= more.rows.min(left);
         stale_since = at_clock;
