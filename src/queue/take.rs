@@ -578,6 +578,7 @@ fn scan(
 /// for the head to move on ([`RECHECK_AFTER`]), up to [`CLOCK_SCANS`] of
 /// them. Not when `now()` is stale by the lease or more: the lease counts
 /// from `now()`, and would have ended before the row was handed out.
+#[allow(clippy::too_many_arguments)]
 fn look_again_by_the_clock(
     queue: Name,
     shared: Option<(heads::Queue, i64)>,
