@@ -240,7 +240,8 @@ impl Opened {
             pg_sys::index_endscan(scan);
             pg_sys::ExecDropSingleTupleTableSlot(slot);
             pg_sys::UnregisterSnapshot(snapshot);
-            count_served();
+            // (a look before a call's row work, not a call served here:
+            // not counted in `served`)
             Some(found)
         }
     }
