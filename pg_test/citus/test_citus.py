@@ -611,7 +611,8 @@ def test_a_cycle_on_the_queue_s_node_runs_no_statement_through_citus():
     """On the node that holds the queue (sturdy.queue_node names it), a
     take and its done do their row work on the shard itself: Citus runs no
     statement for them, locally or on another node, once the session knows
-    the queue."""
+    the queue; nor when the take looks again for prioritized rows, every
+    second (a probe of the shard's index)."""
     q = "on-its-node"
     with connect() as c:
         # where the worker goes: the node queue_node names
@@ -625,8 +626,15 @@ def test_a_cycle_on_the_queue_s_node_runs_no_statement_through_citus():
             c, "SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
         assert rows == [(True,)]
         assert (remote, local) == ([], []), (remote, local)
+        # a second on, the take looks again for prioritized rows: a probe
+        # of the shard's index, not its statement through Citus
+        time.sleep(1.1)
+        rows, remote, local = _remote_and_local(
+            c, "SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+        assert rows == [(True,)]
+        assert (remote, local) == ([], []), (remote, local)
     with connect() as c:
-        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone() == (1,)
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone() == (0,)
 
 
 def test_a_statement_that_writes_the_shard_here_and_another_node_commits_by_two_phase_commit():
