@@ -142,6 +142,7 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("resume", "SELECT sturdy.resume('pooled-lim')") == (True,)
     call("queue_changed", "SELECT sturdy.queue_changed('pooled-lim')")
     call("queue_backdated", "SELECT sturdy.queue_backdated('pooled-lim')")
+    assert call("workflow_place", "SELECT sturdy.workflow_place('pooled-lim/7')") == ("pooled-lim",)
     # one server: no node to go to
     assert one("SELECT count(*) FROM sturdy.queue_node('pooled-lim')") == (0,)
     calls.append("queue_node")

@@ -80,17 +80,25 @@ if [ "$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')" -lt 16 
 elif ! scripts/citus.sh available; then
     echo "suites: SKIPPED the Citus suite: Citus is not installed and CITUS_SRC names no release tarball"
     citus_skipped=1
-elif scripts/citus.sh start "$citus_dir" 3 "$((port + 20))" sturdy_citus; then
-    if as_pg "$bindir/psql" -X -q -h "$citus_dir/n0" -p "$((port + 20))" -U postgres -d sturdy_citus \
-        -c "SELECT sturdy.distribute()" >/dev/null; then
-        STURDY_DB=sturdy_citus STURDY_CITUS_NODES="host=$citus_dir/n1 port=$((port + 21)) user=postgres;host=$citus_dir/n2 port=$((port + 22)) user=postgres" \
-            server="host=$citus_dir/n0 port=$((port + 20)) user=postgres" pytest_run pytest_citus pg_test/citus || status=1
-    else
-        echo "suites: sturdy.distribute() failed on the Citus cluster"; status=1
-    fi
-    scripts/citus.sh stop "$citus_dir" 3
 else
-    echo "suites: the Citus cluster did not start"; status=1
+    # once for each placement of claims and checkpoints distribute() makes:
+    # with the queues (its default), and by workflow, each on a cluster of
+    # its own (a placement once made is kept)
+    for placement in with_queues by_workflow; do
+        if ! scripts/citus.sh start "$citus_dir" 3 "$((port + 20))" sturdy_citus; then
+            echo "suites: the Citus cluster did not start"; status=1; break
+        fi
+        if as_pg "$bindir/psql" -X -q -h "$citus_dir/n0" -p "$((port + 20))" -U postgres -d sturdy_citus \
+            -c "SELECT sturdy.distribute($([ $placement = with_queues ] && echo true || echo false))" >/dev/null; then
+            STURDY_CITUS_PLACEMENT=$placement STURDY_DB=sturdy_citus \
+                STURDY_CITUS_NODES="host=$citus_dir/n1 port=$((port + 21)) user=postgres;host=$citus_dir/n2 port=$((port + 22)) user=postgres" \
+                server="host=$citus_dir/n0 port=$((port + 20)) user=postgres" pytest_run "pytest_citus_$placement" pg_test/citus || status=1
+        else
+            echo "suites: sturdy.distribute() failed on the Citus cluster"; status=1
+        fi
+        scripts/citus.sh stop "$citus_dir" 3
+        rm -rf "$citus_dir"
+    done
 fi
 
 # Last, as it kills the cluster: kill -9 mid-load, of a backend and of the

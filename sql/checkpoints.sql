@@ -6,6 +6,7 @@ CREATE TABLE sturdy.checkpoints (
     value       jsonb       NOT NULL,
     token       bigint,
     recorded_at timestamptz NOT NULL,
+    place       text        COLLATE "C",
     PRIMARY KEY (workflow, step)
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.checkpoints', '');
@@ -17,4 +18,5 @@ COMMENT ON COLUMN sturdy.checkpoints.step IS 'The step name, unique within the w
 COMMENT ON COLUMN sturdy.checkpoints.value IS 'The step''s value. JSON null is a value; SQL NULL is never stored.';
 COMMENT ON COLUMN sturdy.checkpoints.token IS 'The fencing token of the pass that recorded it; NULL when supplied from outside a pass.';
 COMMENT ON COLUMN sturdy.checkpoints.recorded_at IS 'When it was written (clock_timestamp(), so steps of one transaction keep their order).';
+COMMENT ON COLUMN sturdy.checkpoints.place IS 'Under Citus, distributed with queues (sturdy.distribute()): sturdy.workflow_place(workflow), the value the row is placed by. NULL otherwise.';
 

@@ -20,7 +20,8 @@ CREATE TABLE sturdy.claims (
     token      bigint      NOT NULL,
     held_until timestamptz NOT NULL,
     owner      text,
-    claimed_at timestamptz NOT NULL
+    claimed_at timestamptz NOT NULL,
+    place      text        COLLATE "C"
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.claims', '');
 
@@ -31,4 +32,5 @@ COMMENT ON COLUMN sturdy.claims.token IS 'The current fencing token; each claim 
 COMMENT ON COLUMN sturdy.claims.held_until IS 'When the lease lapses (server clock); after it, anyone may claim.';
 COMMENT ON COLUMN sturdy.claims.owner IS 'Free-form label of the current holder, as given to claim (for operators, never checked).';
 COMMENT ON COLUMN sturdy.claims.claimed_at IS 'When the current token was issued.';
+COMMENT ON COLUMN sturdy.claims.place IS 'Under Citus, distributed with queues (sturdy.distribute()): sturdy.workflow_place(workflow), the value the row is placed by. NULL otherwise.';
 

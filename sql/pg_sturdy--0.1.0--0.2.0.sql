@@ -345,6 +345,15 @@ CREATE FUNCTION sturdy.queue_changed(queue text) RETURNS void VOLATILE PARALLEL 
     AS 'MODULE_PATHNAME', 'sturdy_queue_changed';
 COMMENT ON FUNCTION sturdy.queue_changed(queue text) IS
     'Under Citus: the queue''s limits, its pause or its prioritized rows changed, so this node''s sessions read them again at their next take. limit_queue, pause, resume and a prioritized schedule call it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a read.';
+CREATE FUNCTION sturdy.workflow_place(workflow text) RETURNS text IMMUTABLE PARALLEL SAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_workflow_place';
+COMMENT ON FUNCTION sturdy.workflow_place(workflow text) IS
+    'The value the workflow''s claim and checkpoints are placed by under Citus, distributed with queues (sturdy.distribute()): its name up to the first /, or the whole name where it has none or starts with one. orders/77 is kept on the node of queue orders. The same on every server.';
+ALTER TABLE sturdy.claims ADD COLUMN place text COLLATE "C";
+COMMENT ON COLUMN sturdy.claims.place IS 'Under Citus, distributed with queues (sturdy.distribute()): sturdy.workflow_place(workflow), the value the row is placed by. NULL otherwise.';
+ALTER TABLE sturdy.checkpoints ADD COLUMN place text COLLATE "C";
+COMMENT ON COLUMN sturdy.checkpoints.place IS 'Under Citus, distributed with queues (sturdy.distribute()): sturdy.workflow_place(workflow), the value the row is placed by. NULL otherwise.';
 CREATE FUNCTION sturdy.queue_backdated(queue text) RETURNS void VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_queue_backdated';
@@ -1104,23 +1113,29 @@ COMMENT ON FUNCTION sturdy.start(process text, business_key text, variables json
 -- CREATE EXTENSION, on the coordinator: sturdy.distribute().
 --
 -- Where each table goes:
--- - by workflow, colocated: claims, checkpoints. A claim, its checkpoints
---   and every call about one workflow's steps run on the node that holds it;
 -- - by queue, colocated: queue and what limits and wakes a queue
 --   (queue_limits, queue_places, queue_key_places, queue_waiters,
---   queue_retry). A take
---   addresses one shard, where FOR UPDATE SKIP LOCKED works, and its
---   limit's places are on the same node;
+--   queue_retry). A take addresses one shard, where FOR UPDATE SKIP
+--   LOCKED works, and its limit's places are on the same node;
+-- - claims and checkpoints, colocated with each other: with queues (the
+--   default) by place, sturdy.workflow_place(workflow), colocated with the
+--   queue: workflow 'orders/77' is on the node of queue 'orders', so a pass
+--   (take with claim, record, finish) is one node's transaction; or by
+--   workflow (workflows_with_queues => false), spread by the whole name,
+--   and the calls about one workflow's claim and checkpoints delegated
+--   whole to the node that holds it (create_distributed_function). Citus
+--   wants the distribution column in the primary key: by place it is
+--   (place, workflow) and (place, workflow, step), unique as before since
+--   the place is a function of the workflow;
 -- - on the coordinator, as they are: instances, idempotency_keys, outbox,
 --   deliveries, subscriptions, outbox_waiters, batches, samples. A
 --   transaction writes them and the distributed tables together (the
 --   coordinator's commit decides, the workers' parts are prepared first);
 --   no statement of ours joins the two kinds.
--- The calls about one workflow's claim and checkpoints are delegated whole
--- to the node that holds the workflow (create_distributed_function), and
--- queue_changed and queue_backdated to the node that holds the queue.
+-- queue_changed and queue_backdated are delegated to the node that holds
+-- the queue.
 
-CREATE FUNCTION sturdy.distribute()
+CREATE FUNCTION sturdy.distribute(workflows_with_queues boolean DEFAULT true)
     RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
@@ -1128,6 +1143,7 @@ AS $$
 DECLARE
     t record;
     f record;
+    claims_by text;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'sturdy.distribute() needs Citus, which is not installed in this database'
@@ -1139,16 +1155,44 @@ BEGIN
             USING ERRCODE = '0A000',
                   HINT = 'Connect to the coordinator and call it there; it distributes the tables of every node.';
     END IF;
+    IF workflows_with_queues IS NULL THEN
+        RAISE EXCEPTION 'workflows_with_queues must not be NULL'
+            USING ERRCODE = '22004',
+                  HINT = 'Pass true (claims and checkpoints on the node of the queue their workflow name starts with) or false (spread by the whole name).';
+    END IF;
+    SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey) INTO claims_by
+      FROM pg_catalog.pg_dist_partition p
+     WHERE p.logicalrelid OPERATOR(pg_catalog.=) 'sturdy.claims'::pg_catalog.regclass;
+    IF claims_by IS NOT NULL AND (claims_by OPERATOR(pg_catalog.=) 'place') IS DISTINCT FROM workflows_with_queues THEN
+        RAISE EXCEPTION 'sturdy.claims is distributed by % already, and workflows_with_queues => % asks for the other placement', claims_by, workflows_with_queues
+            USING ERRCODE = '55000',
+                  HINT = pg_catalog.format('Call sturdy.distribute(workflows_with_queues => %s) to finish or repeat it; a placement once made is not changed (docs/scale-out.md).',
+                                           claims_by OPERATOR(pg_catalog.=) 'place');
+    END IF;
+    IF workflows_with_queues AND claims_by IS NULL THEN
+        -- the place each row is kept by, and the primary keys Citus needs
+        -- it in (unique as before: the place is a function of the workflow)
+        UPDATE sturdy.claims SET place = sturdy.workflow_place(workflow)
+         WHERE place IS DISTINCT FROM sturdy.workflow_place(workflow);
+        UPDATE sturdy.checkpoints SET place = sturdy.workflow_place(workflow)
+         WHERE place IS DISTINCT FROM sturdy.workflow_place(workflow);
+        ALTER TABLE sturdy.claims ALTER COLUMN place SET NOT NULL,
+            DROP CONSTRAINT claims_pkey, ADD CONSTRAINT claims_pkey PRIMARY KEY (place, workflow);
+        ALTER TABLE sturdy.checkpoints ALTER COLUMN place SET NOT NULL,
+            DROP CONSTRAINT checkpoints_pkey, ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (place, workflow, step);
+    END IF;
     FOR t IN
         SELECT * FROM (VALUES
-            (1, 'sturdy.claims', 'workflow', NULL),
-            (2, 'sturdy.checkpoints', 'workflow', 'sturdy.claims'),
-            (3, 'sturdy.queue', 'queue', NULL),
-            (4, 'sturdy.queue_limits', 'queue', 'sturdy.queue'),
-            (5, 'sturdy.queue_places', 'queue', 'sturdy.queue'),
-            (6, 'sturdy.queue_key_places', 'queue', 'sturdy.queue'),
-            (7, 'sturdy.queue_waiters', 'queue', 'sturdy.queue'),
-            (8, 'sturdy.queue_retry', 'queue', 'sturdy.queue')
+            (1, 'sturdy.queue', 'queue', NULL),
+            (2, 'sturdy.queue_limits', 'queue', 'sturdy.queue'),
+            (3, 'sturdy.queue_places', 'queue', 'sturdy.queue'),
+            (4, 'sturdy.queue_key_places', 'queue', 'sturdy.queue'),
+            (5, 'sturdy.queue_waiters', 'queue', 'sturdy.queue'),
+            (6, 'sturdy.queue_retry', 'queue', 'sturdy.queue'),
+            (7, 'sturdy.claims', CASE WHEN workflows_with_queues THEN 'place' ELSE 'workflow' END,
+                CASE WHEN workflows_with_queues THEN 'sturdy.queue' END),
+            (8, 'sturdy.checkpoints', CASE WHEN workflows_with_queues THEN 'place' ELSE 'workflow' END,
+                'sturdy.claims')
         ) AS placement (n, tab, by_column, colocate_with)
         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
                            WHERE p.logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(placement.tab))
@@ -1157,13 +1201,17 @@ BEGIN
         PERFORM pg_catalog.create_distributed_table(t.tab::regclass, t.by_column,
             colocate_with => coalesce(t.colocate_with, 'default'));
     END LOOP;
-    -- Delegated whole to the node holding the workflow: calls that touch
-    -- only claims and checkpoints (those running caller code do not qualify:
-    -- it may reach anywhere).
+    -- Delegated whole to the node holding the workflow, where claims are
+    -- placed by it: calls that touch only claims and checkpoints (those
+    -- running caller code do not qualify: it may reach anywhere). Placed
+    -- by place, Citus would send a call by the hash of its workflow
+    -- argument, not its place: those run where they are called, each
+    -- statement routed to the place's node.
     FOR f IN
         SELECT p.oid::pg_catalog.regprocedure AS fn
           FROM pg_catalog.pg_proc p
          WHERE p.pronamespace OPERATOR(pg_catalog.=) 'sturdy'::regnamespace
+           AND NOT workflows_with_queues
            AND p.proname IN ('claim', 'renew', 'release', 'fence', 'record', 'load')
            AND NOT EXISTS (SELECT FROM pg_catalog.pg_dist_object o
                             WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass
@@ -1188,8 +1236,8 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION sturdy.distribute() IS
-    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute claims and checkpoints by workflow, the queue''s tables by queue (the rest stay on the coordinator), and delegate the per-workflow claim and checkpoint calls to the node that holds the workflow, and queue_changed and queue_backdated to the node that holds the queue. Idempotent. 0A000 without Citus. See docs/scale-out.md.';
+COMMENT ON FUNCTION sturdy.distribute(workflows_with_queues boolean) IS
+    'On a Citus coordinator, after CREATE EXTENSION pg_sturdy on every node: distribute the queue''s tables by queue, and claims and checkpoints with queues (by sturdy.workflow_place(workflow): workflow orders/77 on the node of queue orders, so a pass is one node''s) or, with workflows_with_queues => false, by the whole workflow name (the per-workflow claim and checkpoint calls then delegated to its node); the rest stay on the coordinator. queue_changed and queue_backdated are delegated to the node that holds the queue. Idempotent; 55000 when asked for the other placement than the one made. 0A000 without Citus. See docs/scale-out.md.';
 
 CREATE FUNCTION sturdy.queue_node(queue text)
     RETURNS TABLE (host text, port integer)

@@ -22,39 +22,63 @@ use crate::args::{self, Name};
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Statement, first_value, run_one};
+use crate::plan::{self, Placed, Statement, first_value, run_one};
 
 /// The checkpoints table, for writes without a statement (see `access`):
 /// its columns by position.
 static CHECKPOINTS: access::Table = access::Table::new(
     c"sturdy",
     c"checkpoints",
-    &[c"workflow", c"step", c"value", c"token", c"recorded_at"],
+    &[
+        c"workflow",
+        c"step",
+        c"value",
+        c"token",
+        c"recorded_at",
+        c"place",
+    ],
 );
 const CP_WORKFLOW: access::Col = access::Col(0);
 const CP_STEP: access::Col = access::Col(1);
 const CP_VALUE: access::Col = access::Col(2);
 const CP_TOKEN: access::Col = access::Col(3);
 const CP_RECORDED_AT: access::Col = access::Col(4);
+const CP_PLACE: access::Col = access::Col(5);
 
 /// A step a pass records as `INSERT ... ON CONFLICT DO NOTHING` inserts it,
 /// without a statement (`finish`'s step): its key and values, for
 /// [`StepRecord::insert_unless_there`].
 pub(crate) struct StepRecord {
-    key: [(access::Col, pg_sys::Datum); 2],
+    /// (place,) workflow, step: the primary key's columns (see
+    /// [`claim::kept_at`](crate::claim::kept_at)).
+    key: [(access::Col, pg_sys::Datum); 3],
+    keys: usize,
+    /// Where its rows are kept (the distribution value under Citus).
+    at: Vec<u8>,
     values: [(access::Col, pg_sys::Oid, Option<pg_sys::Datum>); 3],
 }
 
 impl StepRecord {
-    /// `step` = `value` of `workflow` (a `text` datum) under `token`,
-    /// recorded now (the clock, as `clock_timestamp()`).
-    pub(crate) fn new(workflow: pg_sys::Datum, step: Name, value: Jsonb, token: i64) -> Self {
+    /// `step` = `value` of `workflow` (`w`, its `text` datum) under
+    /// `token`, recorded now (the clock, as `clock_timestamp()`).
+    pub(crate) fn new(
+        workflow: Name,
+        w: pg_sys::Datum,
+        step: Name,
+        value: Jsonb,
+        token: i64,
+    ) -> Self {
         let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
+        let step = step.into_datum().unwrap_or(w);
+        let (at, place) = crate::claim::kept_at(workflow.bytes());
+        let (key, keys) = match place {
+            Some(place) => ([(CP_PLACE, place), (CP_WORKFLOW, w), (CP_STEP, step)], 3),
+            None => ([(CP_WORKFLOW, w), (CP_STEP, step), (CP_STEP, step)], 2),
+        };
         StepRecord {
-            key: [
-                (CP_WORKFLOW, workflow),
-                (CP_STEP, step.into_datum().unwrap_or(workflow)),
-            ],
+            key,
+            keys,
+            at: at.to_vec(),
             values: [
                 (CP_VALUE, pg_sys::JSONBOID, value.into_datum()),
                 (CP_TOKEN, pg_sys::INT8OID, token.into_datum()),
@@ -69,7 +93,7 @@ impl StepRecord {
 
     fn upsert(&self) -> access::Upsert<'_> {
         access::Upsert {
-            key: &self.key,
+            key: &self.key[..self.keys],
             set: &self.values,
             fill: &[],
             insert_only: &[],
@@ -80,9 +104,9 @@ impl StepRecord {
 
     /// The checkpoints table opened for it; `None` where `access` cannot
     /// insert it (see there).
-    pub(crate) fn open(&self, workflow: Name) -> Option<access::Opened> {
+    pub(crate) fn open(&self) -> Option<access::Opened> {
         CHECKPOINTS
-            .opened(&[pg_sys::ACL_INSERT], workflow.bytes())
+            .opened(&[pg_sys::ACL_INSERT], &self.at)
             .filter(|table| table.can_insert(&self.upsert(), false))
     }
 
@@ -97,7 +121,7 @@ impl StepRecord {
     /// unchanged. Its values are the insert's alone.
     fn kept(&self) -> access::Upsert<'_> {
         access::Upsert {
-            key: &self.key,
+            key: &self.key[..self.keys],
             set: &[],
             insert_only: &self.values,
             fill: &[],
@@ -108,9 +132,9 @@ impl StepRecord {
 
     /// The checkpoints table opened for [`StepRecord::insert_or_keep`];
     /// `None` where `access` cannot do it (see there).
-    pub(crate) fn open_to_keep(&self, workflow: Name) -> Option<access::Opened> {
+    pub(crate) fn open_to_keep(&self) -> Option<access::Opened> {
         CHECKPOINTS
-            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], workflow.bytes())
+            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], &self.at)
             .filter(|table| table.can_insert(&self.kept(), true))
     }
 
@@ -133,47 +157,92 @@ impl StepRecord {
     }
 }
 
-static SUPPLY: Statement = Statement {
-    sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
-          VALUES ($1, $2, $3, NULL, pg_catalog.clock_timestamp())
-          ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
-          RETURNING cp.value",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
-    writes: true,
-    generic: false,
+static SUPPLY: Placed = Placed {
+    by_workflow: Statement {
+        sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
+              VALUES ($1, $2, $3, NULL, pg_catalog.clock_timestamp())
+              ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
+              RETURNING cp.value",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql:
+            "INSERT INTO sturdy.checkpoints AS cp (place, workflow, step, value, token, recorded_at)
+              VALUES (sturdy.workflow_place($1), $1, $2, $3, NULL, pg_catalog.clock_timestamp())
+              ON CONFLICT ON CONSTRAINT checkpoints_pkey DO UPDATE SET value = cp.value
+              RETURNING cp.value",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::JSONBOID],
+        writes: true,
+        generic: false,
+    },
 };
 
-static LOAD: Statement = Statement {
-    sql: "SELECT step, value, recorded_at FROM sturdy.checkpoints
-           WHERE workflow OPERATOR(pg_catalog.=) $1 ORDER BY recorded_at, step",
-    args: &[pg_sys::TEXTOID],
-    writes: false,
-    generic: false,
+static LOAD: Placed = Placed {
+    by_workflow: Statement {
+        sql: "SELECT step, value, recorded_at FROM sturdy.checkpoints
+               WHERE workflow OPERATOR(pg_catalog.=) $1 ORDER BY recorded_at, step",
+        args: &[pg_sys::TEXTOID],
+        writes: false,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "SELECT step, value, recorded_at FROM sturdy.checkpoints
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1 ORDER BY recorded_at, step",
+        args: &[pg_sys::TEXTOID],
+        writes: false,
+        generic: false,
+    },
 };
 
 /// A step written unless it is there; no row back means it was.
-static WRITE_UNLESS_THERE: Statement = Statement {
-    sql: "INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
-          VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp())
-          ON CONFLICT (workflow, step) DO NOTHING
-          RETURNING value",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::INT8OID,
-    ],
-    writes: true,
-    generic: false,
+static WRITE_UNLESS_THERE: Placed = Placed {
+    by_workflow: Statement {
+        sql: "INSERT INTO sturdy.checkpoints (workflow, step, value, token, recorded_at)
+              VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp())
+              ON CONFLICT (workflow, step) DO NOTHING
+              RETURNING value",
+        args: WRITE_ARGS,
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "INSERT INTO sturdy.checkpoints (place, workflow, step, value, token, recorded_at)
+              VALUES (sturdy.workflow_place($1), $1, $2, $3, $4, pg_catalog.clock_timestamp())
+              ON CONFLICT ON CONSTRAINT checkpoints_pkey DO NOTHING
+              RETURNING value",
+        args: WRITE_ARGS,
+        writes: true,
+        generic: false,
+    },
 };
 
-static VALUE_OF: Statement = Statement {
-    sql: "SELECT value FROM sturdy.checkpoints
-           WHERE workflow OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) $2",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-    // read-write so it takes a fresh snapshot and sees a write that won
-    writes: true,
-    generic: false,
+const WRITE_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+    pg_sys::JSONBOID,
+    pg_sys::INT8OID,
+];
+
+static VALUE_OF: Placed = Placed {
+    by_workflow: Statement {
+        sql: "SELECT value FROM sturdy.checkpoints
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) $2",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+        // read-write so it takes a fresh snapshot and sees a write that won
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "SELECT value FROM sturdy.checkpoints
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1 AND step OPERATOR(pg_catalog.=) $2",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
 };
 
 /// `step` = `value` of `workflow` under `token`, unless the step is
@@ -186,7 +255,7 @@ pub(crate) fn write_unless_there(
     token: i64,
 ) -> Result<Option<Jsonb>> {
     run_one(
-        &WRITE_UNLESS_THERE,
+        WRITE_UNLESS_THERE.get(),
         &[workflow.into(), step.into(), value.into(), token.into()],
         first_value,
     )
@@ -195,7 +264,7 @@ pub(crate) fn write_unless_there(
 /// The value recorded for `step` of `workflow`, read with a fresh snapshot.
 pub(crate) fn value_of(workflow: Name, step: Name) -> Result<Option<Jsonb>> {
     run_one(
-        &VALUE_OF,
+        VALUE_OF.get(),
         &[workflow.into(), step.into()],
         first_value::<Jsonb>,
     )
@@ -205,7 +274,7 @@ pub(crate) fn value_of(workflow: Name, step: Name) -> Result<Option<Jsonb>> {
 /// stored after the call. `supply` and `arrive` both end here.
 pub fn supply_value(workflow: Name, step: Name, value: Jsonb) -> Result<Jsonb> {
     run_one(
-        &SUPPLY,
+        SUPPLY.get(),
         &[workflow.into(), step.into(), value.into()],
         first_value::<Jsonb>,
     )?
@@ -234,7 +303,7 @@ fn supply(workflow: Option<Text>, step: Option<Text>, value: Option<Jsonb>) -> R
 )]
 fn load(call: &Args, workflow: Option<Text>) -> Result<()> {
     let workflow = args::name("workflow", workflow)?;
-    plan::run_as_set(call, &LOAD, &[workflow.into()])?;
+    plan::run_as_set(call, LOAD.get(), &[workflow.into()])?;
     Ok(())
 }
 

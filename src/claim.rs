@@ -19,7 +19,7 @@ use crate::access;
 use crate::args::{self, Name};
 use crate::datum::Text;
 use crate::error::{Error, Result};
-use crate::plan::{Statement, first_value, null, run_one};
+use crate::plan::{Placed, Statement, first_value, null, run_one};
 
 /// The claims table, for writes without a statement (see `access`): its
 /// columns by position.
@@ -32,6 +32,7 @@ pub(crate) static CLAIMS: access::Table = access::Table::new(
         c"held_until",
         c"owner",
         c"claimed_at",
+        c"place",
     ],
 );
 const C_WORKFLOW: access::Col = access::Col(0);
@@ -39,15 +40,34 @@ const C_TOKEN: access::Col = access::Col(1);
 const C_HELD_UNTIL: access::Col = access::Col(2);
 const C_OWNER: access::Col = access::Col(3);
 const C_CLAIMED_AT: access::Col = access::Col(4);
+const C_PLACE: access::Col = access::Col(5);
+
+/// Where `workflow`'s claim is kept for `access`: the distribution value of
+/// its rows under Citus (its place where distributed with the queues, else
+/// its name), and its place as a `text` datum where the primary key leads
+/// with it.
+pub(crate) fn kept_at(workflow: &[u8]) -> (&[u8], Option<pg_sys::Datum>) {
+    if crate::scaleout::with_queues() {
+        let place = crate::scaleout::place_of(workflow);
+        (place, Text::from_bytes(place).into_datum())
+    } else {
+        (workflow, None)
+    }
+}
 
 /// The fence without a statement: the claim row of `workflow` (a `text`
 /// datum) locked as `SELECT ... FOR UPDATE` locks it, and its token. `None`
 /// where `access` cannot do it, with nothing locked.
-pub(crate) fn lock_claim(
+fn lock_claim(
     claims: &access::Opened,
+    place: Option<pg_sys::Datum>,
     workflow: pg_sys::Datum,
 ) -> Result<Option<(Option<access::Locked>, Option<i64>)>> {
-    let Some(row) = claims.lock(&[(C_WORKFLOW, workflow)])? else {
+    let found = match place {
+        Some(place) => claims.lock(&[(C_PLACE, place), (C_WORKFLOW, workflow)])?,
+        None => claims.lock(&[(C_WORKFLOW, workflow)])?,
+    };
+    let Some(row) = found else {
         return Ok(None);
     };
     let current = row.as_ref().and_then(|row| claims.int8(row, C_TOKEN));
@@ -57,25 +77,31 @@ pub(crate) fn lock_claim(
 /// The claims table opened for a fenced write without a statement: a
 /// workflow's claim row locked as `SELECT ... FOR UPDATE` locks it (the
 /// fence), and, where `release` was asked for, that claim released.
-pub(crate) struct Fence(access::Opened);
+pub(crate) struct Fence(access::Opened, Option<pg_sys::Datum>);
 
 impl Fence {
     /// `None` where `access` cannot do it (see there), with nothing locked
     /// but the table, as a statement writing it locks it.
     pub(crate) fn open(workflow: Name, release: bool) -> Option<Fence> {
-        let claims = CLAIMS.opened(&[pg_sys::ACL_UPDATE], workflow.bytes())?;
-        (claims.can_lock(&[C_WORKFLOW])
+        let (at, place) = kept_at(workflow.bytes());
+        let claims = CLAIMS.opened(&[pg_sys::ACL_UPDATE], at)?;
+        let key: &[access::Col] = if place.is_some() {
+            &[C_PLACE, C_WORKFLOW]
+        } else {
+            &[C_WORKFLOW]
+        };
+        (claims.can_lock(key)
             && (!release || claims.can_update(&[(C_HELD_UNTIL, pg_sys::TIMESTAMPTZOID, false)])))
-        .then_some(Fence(claims))
+        .then_some(Fence(claims, place))
     }
 
-    /// The claim row of `workflow` (a `text` datum) locked, and its token
-    /// (see [`lock_claim`]).
+    /// The claim row of `workflow` (a `text` datum, the one it was opened
+    /// for) locked, and its token (see [`lock_claim`]).
     pub(crate) fn lock(
         &self,
         workflow: pg_sys::Datum,
     ) -> Result<Option<(Option<access::Locked>, Option<i64>)>> {
-        lock_claim(&self.0, workflow)
+        lock_claim(&self.0, self.1, workflow)
     }
 
     /// The claim `row` ([`Fence::lock`]) released at `now`, as `release`
@@ -111,76 +137,146 @@ impl Fence {
 /// free" test: a live lease fails it, nothing is written and no row returns.
 /// Two first claims race on the primary key; the loser waits, then takes the
 /// `DO UPDATE` arm and finds the lease live.
-static CLAIM: Statement = Statement {
-    sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
-          VALUES ($1, 1, $4 OPERATOR(pg_catalog.+) $2, $3, $4)
-          ON CONFLICT (workflow) DO UPDATE
-             SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                 owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-           WHERE held.held_until OPERATOR(pg_catalog.<=) $4
-          RETURNING held.token",
-    // $4 is `now()`, passed in: Citus refuses a function that is not
-    // IMMUTABLE in an upsert's WHERE on a distributed table
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::INTERVALOID,
-        pg_sys::TEXTOID,
-        pg_sys::TIMESTAMPTZOID,
-    ],
-    writes: true,
-    generic: false,
+static CLAIM: Placed = Placed {
+    by_workflow: Statement {
+        sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+              VALUES ($1, 1, $4 OPERATOR(pg_catalog.+) $2, $3, $4)
+              ON CONFLICT (workflow) DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) $4
+              RETURNING held.token",
+        // $4 is `now()`, passed in: Citus refuses a function that is not
+        // IMMUTABLE in an upsert's WHERE on a distributed table
+        args: CLAIM_ARGS,
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "INSERT INTO sturdy.claims AS held (place, workflow, token, held_until, owner, claimed_at)
+              VALUES (sturdy.workflow_place($1), $1, 1, $4 OPERATOR(pg_catalog.+) $2, $3, $4)
+              ON CONFLICT ON CONSTRAINT claims_pkey DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) $4
+              RETURNING held.token",
+        args: CLAIM_ARGS,
+        writes: true,
+        generic: false,
+    },
 };
 
-static RENEW: Statement = Statement {
-    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now() OPERATOR(pg_catalog.+) $3
-           WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
-             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
-          RETURNING held_until",
-    args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INTERVALOID],
-    writes: true,
-    generic: false,
+const CLAIM_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::INTERVALOID,
+    pg_sys::TEXTOID,
+    pg_sys::TIMESTAMPTZOID,
+];
+
+static RENEW: Placed = Placed {
+    by_workflow: Statement {
+        sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now() OPERATOR(pg_catalog.+) $3
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
+              RETURNING held_until",
+        args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INTERVALOID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now() OPERATOR(pg_catalog.+) $3
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()
+              RETURNING held_until",
+        args: &[pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::INTERVALOID],
+        writes: true,
+        generic: false,
+    },
 };
 
-static RELEASE: Statement = Statement {
-    sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
-           WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
-             AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()",
-    args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
-    writes: true,
-    generic: false,
+static RELEASE: Placed = Placed {
+    by_workflow: Statement {
+        sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
+               WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()",
+        args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "UPDATE sturdy.claims SET held_until = pg_catalog.now()
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
+                 AND held_until OPERATOR(pg_catalog.>) pg_catalog.now()",
+        args: &[pg_sys::TEXTOID, pg_sys::INT8OID],
+        writes: true,
+        generic: false,
+    },
 };
 
 /// The claim fenced out: a token no pass was given, so every write of the
 /// pass that held the claim is refused (SD001); the claim free to take.
-static FENCE_OUT: Statement = Statement {
-    sql: "UPDATE sturdy.claims
-             SET token = token OPERATOR(pg_catalog.+) 1, held_until = LEAST(held_until, pg_catalog.now())
-           WHERE workflow OPERATOR(pg_catalog.=) $1",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
+static FENCE_OUT: Placed = Placed {
+    by_workflow: Statement {
+        sql: "UPDATE sturdy.claims
+                 SET token = token OPERATOR(pg_catalog.+) 1, held_until = LEAST(held_until, pg_catalog.now())
+               WHERE workflow OPERATOR(pg_catalog.=) $1",
+        args: &[pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "UPDATE sturdy.claims
+                 SET token = token OPERATOR(pg_catalog.+) 1, held_until = LEAST(held_until, pg_catalog.now())
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1",
+        args: &[pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
 };
 
 /// Fence out whoever holds `workflow`'s claim, live or lapsed: its token
 /// is no longer the current one (a pass cancelled under its worker).
 pub(crate) fn fence_out(workflow: Name) -> Result<()> {
-    run_one(&FENCE_OUT, &[workflow.into()], |_| Ok(()))
+    run_one(FENCE_OUT.get(), &[workflow.into()], |_| Ok(()))
 }
 
 /// Lock the claim row and read its token.
-static FENCE: Statement = Statement {
-    sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
+static FENCE: Placed = Placed {
+    by_workflow: Statement {
+        sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+        args: &[pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "SELECT token FROM sturdy.claims
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+        args: &[pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
 };
 
 /// The current token, unlocked: only read to explain a refusal.
-static CURRENT: Statement = Statement {
-    sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1",
-    args: &[pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
+static CURRENT: Placed = Placed {
+    by_workflow: Statement {
+        sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1",
+        args: &[pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "SELECT token FROM sturdy.claims
+               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND workflow OPERATOR(pg_catalog.=) $1",
+        args: &[pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
 };
 
 /// Compare a pass's token with the workflow's current one (read under lock).
@@ -200,7 +296,7 @@ pub fn check_token(workflow: Name, token: i64, current: Option<i64>) -> Result<(
 /// The error for a fenced write found by a statement that returned no row:
 /// reads the current token to say which kind of stale token it was.
 pub fn fenced(workflow: Name, token: i64) -> Error {
-    match run_one(&CURRENT, &[workflow.into()], first_value::<i64>) {
+    match run_one(CURRENT.get(), &[workflow.into()], first_value::<i64>) {
         Ok(current) => Error::Fenced {
             workflow: workflow.lossy(),
             token,
@@ -213,7 +309,7 @@ pub fn fenced(workflow: Name, token: i64) -> Error {
 /// `SELECT ... FOR UPDATE` on the claim row, then the token check: the fence
 /// every hand-written or composed exactly-once write starts with.
 pub fn fence_current(workflow: Name, token: i64) -> Result<()> {
-    let current = run_one(&FENCE, &[workflow.into()], first_value)?;
+    let current = run_one(FENCE.get(), &[workflow.into()], first_value)?;
     check_token(workflow, token, current)
 }
 
@@ -225,7 +321,7 @@ pub fn claim_for(workflow: Name, lease: Interval) -> Result<Option<i64>> {
         return Ok(token);
     }
     run_one(
-        &CLAIM,
+        CLAIM.get(),
         &[
             workflow.into(),
             lease.into(),
@@ -255,7 +351,7 @@ fn claim(
     let owner = owner.map_or_else(null::<Text>, Into::into);
     let now = pgrx::datum::now();
     run_one(
-        &CLAIM,
+        CLAIM.get(),
         &[workflow.into(), lease.into(), owner, now.into()],
         first_value,
     )
@@ -291,20 +387,25 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
             Some(pg_sys::Datum::from(now)),
         ),
     ];
-    let upserted = CLAIMS.with(
-        &[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE],
-        workflow.bytes(),
-        |table| {
-            table.upsert(&access::Upsert {
-                key: &[(C_WORKFLOW, w)],
-                set: &set,
-                fill: &[],
-                insert_only: &[],
-                only_if: Some((C_HELD_UNTIL, now)),
-                increment: Some(C_TOKEN),
-            })
-        },
-    )?;
+    let (at, place) = kept_at(workflow.bytes());
+    let by_place;
+    let key: &[(access::Col, pg_sys::Datum)] = match place {
+        Some(place) => {
+            by_place = [(C_PLACE, place), (C_WORKFLOW, w)];
+            &by_place
+        }
+        None => &[(C_WORKFLOW, w)],
+    };
+    let upserted = CLAIMS.with(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], at, |table| {
+        table.upsert(&access::Upsert {
+            key,
+            set: &set,
+            fill: &[],
+            insert_only: &[],
+            only_if: Some((C_HELD_UNTIL, now)),
+            increment: Some(C_TOKEN),
+        })
+    })?;
     Ok(upserted.map(|done| match done {
         access::Upserted::Inserted => Some(1),
         access::Upserted::Updated(token) => token,
@@ -325,7 +426,7 @@ fn renew(
     let token = args::required("token", token)?;
     let lease = args::lease("lease", lease)?;
     run_one(
-        &RENEW,
+        RENEW.get(),
         &[workflow.into(), token.into(), lease.into()],
         first_value,
     )
@@ -344,7 +445,7 @@ fn release(workflow: Option<Text>, token: Option<i64>) -> Result<bool> {
 /// `release` for validated arguments: whether a live claim of this token
 /// was let go.
 pub fn release_current(workflow: Name, token: i64) -> Result<bool> {
-    run_one(&RELEASE, &[workflow.into(), token.into()], |t| {
+    run_one(RELEASE.get(), &[workflow.into(), token.into()], |t| {
         Ok(!t.is_empty())
     })
 }

@@ -20,6 +20,12 @@
 //!   and statements that read both kinds of table read each in a step of its
 //!   own: Citus refuses a join of a distributed table with a local one.
 //!
+//! - with queues (`distribute()`'s default), claims and checkpoints are
+//!   placed by [`place_of`] their workflow, beside the queue the name starts
+//!   with: every statement about one workflow's rows names its place too,
+//!   which Citus routes by (`claim`'s and `checkpoint`'s `Placed`
+//!   statements), and `access` keys those rows by (place, workflow).
+//!
 //! The answer is found once and kept until a relcache invalidation reaches
 //! the backend: distributing a table sends one for it, so a session that
 //! was open during `distribute()` learns of it at its next command.
@@ -29,10 +35,25 @@ use std::cell::Cell;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use pg_sturdy_macros::sql_function;
+
+use crate::args;
+use crate::datum::Text;
 use crate::error::{Error, Result};
 
+/// How this database's claims are placed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Placement {
+    /// Not distributed: one server (or a Citus node before `distribute()`).
+    OneServer,
+    /// Distributed by the whole workflow name.
+    ByWorkflow,
+    /// Distributed by [`place_of`] the workflow, colocated with the queues.
+    WithQueues,
+}
+
 thread_local! {
-    static KNOWN: Cell<Option<bool>> = const { Cell::new(None) };
+    static KNOWN: Cell<Option<Placement>> = const { Cell::new(None) };
     static WATCHING: Cell<bool> = const { Cell::new(false) };
     /// Whether this node is the coordinator (Citus's local group 0).
     static COORDINATOR: Cell<Option<bool>> = const { Cell::new(None) };
@@ -46,6 +67,38 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
 
 /// Whether `sturdy.claims` is a Citus table in this database.
 pub fn distributed() -> bool {
+    placement() != Placement::OneServer
+}
+
+/// Whether claims and checkpoints are distributed with the queues: by
+/// [`place_of`] their workflow, so every statement about one workflow's
+/// rows must name its place, and `access` keys them by (place, workflow).
+pub fn with_queues() -> bool {
+    placement() == Placement::WithQueues
+}
+
+/// The value a workflow's claim and checkpoints are placed by when
+/// distributed with the queues: its name up to the first `/` (`orders` for
+/// `orders/77`, a `start`ed instance's process, which is its queue unless
+/// given another), or the whole name where it has no `/` or starts with
+/// one. Byte-wise: `/` is one byte in every server encoding.
+pub fn place_of(workflow: &[u8]) -> &[u8] {
+    match workflow.iter().position(|&b| b == b'/') {
+        Some(at) if at > 0 => &workflow[..at],
+        _ => workflow,
+    }
+}
+
+#[sql_function(
+    "sturdy.workflow_place(workflow text) RETURNS text IMMUTABLE PARALLEL SAFE",
+    comment = "The value the workflow's claim and checkpoints are placed by under Citus, distributed with queues (sturdy.distribute()): its name up to the first /, or the whole name where it has none or starts with one. orders/77 is kept on the node of queue orders. The same on every server."
+)]
+fn workflow_place(workflow: Option<Text>) -> Result<Text> {
+    let workflow = args::name("workflow", workflow)?;
+    Ok(Text::from_bytes(place_of(workflow.bytes())))
+}
+
+fn placement() -> Placement {
     // SAFETY: registering a callback that only clears our answer, then
     // applying pending invalidations inside a transaction (we are called
     // from a statement).
@@ -59,7 +112,15 @@ pub fn distributed() -> bool {
     if let Some(known) = KNOWN.with(Cell::get) {
         return known;
     }
-    let known = citus_catalog() && claims_distributed();
+    let known = if citus_catalog() {
+        match claims_distributed_by().as_deref() {
+            None => Placement::OneServer,
+            Some("place") => Placement::WithQueues,
+            Some(_) => Placement::ByWorkflow,
+        }
+    } else {
+        Placement::OneServer
+    };
     KNOWN.with(|k| k.set(Some(known)));
     known
 }
@@ -152,15 +213,17 @@ pub fn citus_table(relid: pg_sys::Oid) -> bool {
         .unwrap_or(false)
 }
 
-fn claims_distributed() -> bool {
+/// The column `sturdy.claims` is distributed by; `None` where it is not a
+/// Citus table.
+fn claims_distributed_by() -> Option<String> {
     // its own SPI level: we may be inside a statement's connection
-    Spi::get_one::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-                         WHERE logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('sturdy.claims'))",
+    Spi::get_one::<String>(
+        "SELECT COALESCE(pg_catalog.column_to_column_name(logicalrelid, partkey), '')
+           FROM pg_catalog.pg_dist_partition
+          WHERE logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('sturdy.claims')",
     )
     .ok()
     .flatten()
-    .unwrap_or(false)
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -179,6 +242,42 @@ mod tests {
         assert_eq!(
             Spi::get_one::<String>("SELECT workflow FROM sturdy.take()").unwrap(),
             Some("d-1".into())
+        );
+    }
+
+    #[pg_test]
+    fn workflow_place_is_the_name_up_to_its_first_slash_and_refuses_a_null_or_empty_one() {
+        for (workflow, place) in [
+            ("orders/77", "orders"),
+            ("fulfil/order-77/retry", "fulfil"),
+            ("plain", "plain"),
+            ("/leading", "/leading"),
+            ("trailing/", "trailing"),
+            ("ünï/1", "ünï"),
+        ] {
+            assert_eq!(
+                Spi::get_one_with_args::<String>(
+                    "SELECT sturdy.workflow_place($1)",
+                    &[workflow.into()]
+                )
+                .unwrap()
+                .as_deref(),
+                Some(place),
+                "{workflow}"
+            );
+        }
+        assert_eq!(sqlstate_of("SELECT sturdy.workflow_place(NULL)"), "22004");
+        assert_eq!(sqlstate_of("SELECT sturdy.workflow_place('')"), "22023");
+        // on one server nothing is placed: the column stays NULL
+        Spi::run("SELECT sturdy.claim('wp/1')").unwrap();
+        Spi::run("SELECT sturdy.supply('wp/1', 's', '1')").unwrap();
+        assert_eq!(
+            Spi::get_one::<i64>(
+                "SELECT (SELECT count(*) FROM sturdy.claims WHERE place IS NOT NULL)
+                      + (SELECT count(*) FROM sturdy.checkpoints WHERE place IS NOT NULL)"
+            )
+            .unwrap(),
+            Some(0)
         );
     }
 

@@ -41,7 +41,7 @@ use crate::args::{self, Name};
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, MAX_NAME_BYTES, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Statement, first_value, null, run_one};
+use crate::plan::{self, Placed, Statement, first_value, null, run_one};
 
 /// How long an idempotency key keeps returning its first instance, in
 /// milliseconds (a duration with units when set: `'300ms'`, `'24h'`).
@@ -165,13 +165,24 @@ static STATUS_INSTANCE: Statement = Statement {
     generic: false,
 };
 
-static STATUS_STEP: Statement = Statement {
-    sql: "SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
-           WHERE c.workflow OPERATOR(pg_catalog.=) $1
-           ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1",
-    args: &[pg_sys::TEXTOID],
-    writes: false,
-    generic: false,
+static STATUS_STEP: Placed = Placed {
+    by_workflow: Statement {
+        sql: "SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
+               WHERE c.workflow OPERATOR(pg_catalog.=) $1
+               ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1",
+        args: &[pg_sys::TEXTOID],
+        writes: false,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "SELECT c.step, c.recorded_at FROM sturdy.checkpoints c
+               WHERE c.place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND c.workflow OPERATOR(pg_catalog.=) $1
+               ORDER BY c.recorded_at DESC, c.step DESC LIMIT 1",
+        args: &[pg_sys::TEXTOID],
+        writes: false,
+        generic: false,
+    },
 };
 
 fn status_in_steps(call: &Args, business_key: Name) -> Result<()> {
@@ -192,9 +203,10 @@ fn status_in_steps(call: &Args, business_key: Name) -> Result<()> {
         plan::begin_result(call);
         return Ok(());
     };
-    let (step, recorded_at) = plan::run_rows(&STATUS_STEP, &[workflow.as_str().into()], |r| {
-        Ok((r.get::<String>(0, 1), r.get::<TimestampWithTimeZone>(0, 2)))
-    })?;
+    let (step, recorded_at) =
+        plan::run_rows(STATUS_STEP.get(), &[workflow.as_str().into()], |r| {
+            Ok((r.get::<String>(0, 1), r.get::<TimestampWithTimeZone>(0, 2)))
+        })?;
     let progress = recorded_at
         .filter(|&at| at > updated_at)
         .unwrap_or(updated_at);

@@ -18,6 +18,10 @@ import pytest
 from sturdy import DB, DSN, SERVER, Worker, connect, start_and_join, wait_notifies
 
 NODES = [n for n in os.environ.get("STURDY_CITUS_NODES", "").split(";") if n]
+# how the suite's database was distributed (scripts/suites.sh runs the
+# suite once each way): claims and checkpoints with the queues (the
+# default), or by workflow
+WITH_QUEUES = os.environ.get("STURDY_CITUS_PLACEMENT", "with_queues") == "with_queues"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -48,7 +52,8 @@ def nodes_holding(c, table, values):
 
 def test_distribute_places_every_table_and_runs_again_harmlessly():
     with connect() as c:
-        c.execute("SELECT sturdy.distribute()")  # the suite ran it once already
+        # the suite ran it once already, with its placement
+        c.execute("SELECT sturdy.distribute(%s)", (WITH_QUEUES,))
         placed = dict(
             c.execute(
                 "SELECT logicalrelid::text, column_to_column_name(logicalrelid, partkey) || ' ' || colocationid"
@@ -57,22 +62,36 @@ def test_distribute_places_every_table_and_runs_again_harmlessly():
         )
         by = {t: p.split()[0] for t, p in placed.items()}
         group = {t: p.split()[1] for t, p in placed.items()}
+        workflows_by = "place" if WITH_QUEUES else "workflow"
         assert by == {
-            "sturdy.claims": "workflow", "sturdy.checkpoints": "workflow",
+            "sturdy.claims": workflows_by, "sturdy.checkpoints": workflows_by,
             "sturdy.queue": "queue", "sturdy.queue_limits": "queue", "sturdy.queue_places": "queue",
             "sturdy.queue_key_places": "queue", "sturdy.queue_waiters": "queue", "sturdy.queue_retry": "queue",
         }, placed
         assert group["sturdy.claims"] == group["sturdy.checkpoints"]
         assert len({group[t] for t in by if by[t] == "queue"}) == 1
+        if WITH_QUEUES:
+            # a workflow's claim and checkpoints sit with the queue its name
+            # starts with
+            assert group["sturdy.claims"] == group["sturdy.queue"]
+            assert c.execute(
+                "SELECT (SELECT array_agg(a.attname::text ORDER BY k.n) FROM pg_index i"
+                "          CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)"
+                "          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+                "         WHERE i.indrelid = t::regclass AND i.indisprimary)"
+                "  FROM unnest(ARRAY['sturdy.claims', 'sturdy.checkpoints']) t"
+            ).fetchall() == [(["place", "workflow"],), (["place", "workflow", "step"],)]
         delegated = c.execute(
-            "SELECT array_agg(objid::regproc::text ORDER BY 1) FROM pg_dist_object"
+            "SELECT coalesce(array_agg(objid::regproc::text ORDER BY 1), '{}') FROM pg_dist_object"
             " WHERE classid = 'pg_proc'::regclass AND distribution_argument_index = 0"
             "   AND colocationid = %s AND NOT coalesce(force_delegation, false)",
             (int(group["sturdy.claims"]),),
         ).fetchone()[0]
-        assert delegated == sorted(
+        # by place, Citus would send a call by the hash of its workflow
+        # argument, which is not where its claim is: none is delegated
+        assert delegated == ([] if WITH_QUEUES else sorted(
             ["sturdy.claim", "sturdy.renew", "sturdy.release", "sturdy.fence", "sturdy.record", "sturdy.load"]
-        )
+        ))
         # delegated inside any transaction to the queue's node
         for fn in ("sturdy.queue_changed(text)", "sturdy.queue_backdated(text)"):
             assert c.execute(
@@ -83,6 +102,13 @@ def test_distribute_places_every_table_and_runs_again_harmlessly():
         # both workers hold shards of each kind
         assert len(nodes_holding(c, "sturdy.queue", [f"q-{i}" for i in range(16)])) == 2
         assert len(nodes_holding(c, "sturdy.claims", [f"w-{i}" for i in range(16)])) == 2
+        # the other placement, or none, is refused and changes nothing
+        assert sqlstate_of(c, "SELECT sturdy.distribute(%s)", (not WITH_QUEUES,)) == "55000"
+        assert sqlstate_of(c, "SELECT sturdy.distribute(NULL)") == "22004"
+        assert c.execute(
+            "SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition"
+            " WHERE logicalrelid = 'sturdy.claims'::regclass"
+        ).fetchone() == (workflows_by,)
 
 
 def test_a_stale_token_is_refused_delegated_and_inside_a_transaction():
@@ -637,6 +663,68 @@ def test_a_cycle_on_the_queue_s_node_runs_no_statement_through_citus():
         assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone() == (0,)
 
 
+def test_a_pass_that_claims_on_the_queue_s_node_stays_there_for_workflows_named_for_the_queue():
+    """Distributed with queues, workflow 'q/<id>' has its claim and
+    checkpoints on queue q's node: there take(claim => true), record and
+    finish each do their row work on the shards, and Citus runs no
+    statement for them, locally or on another node (two commands for the
+    pass: its take and its finish). The token still fences: a stale one is
+    refused on every node. Distributed by workflow, the same pass claims on
+    the workflow's own node and commits on two by two-phase commit."""
+    q = "pass-here"
+    here = _on_node_holding("sturdy.queue", q)
+    with connect() as c:
+        place = c.execute("SELECT sturdy.workflow_place(%s)", (f"{q}/0",)).fetchone()[0]
+        assert place == q
+        if WITH_QUEUES:
+            names = [f"{q}/{i}" for i in range(3)]
+        else:
+            names = [w for w in (f"{q}/{i}" for i in range(200))
+                     if f"port={next(iter(nodes_holding(c, 'sturdy.claims', [w])))}" not in here][:3]
+        assert len(names) == 3
+        claims_at = {nodes_holding(c, "sturdy.claims", [place if WITH_QUEUES else w]).pop() for w in names}
+        assert (claims_at == {int(here.split("port=")[1].split()[0])}) == WITH_QUEUES
+        for w in names:
+            c.execute("SELECT sturdy.schedule(%s, now(), %s)", (w, q))
+    take = "SELECT workflow, receipt, token FROM sturdy.take(%s, claim => true)"
+    finish = "SELECT sturdy.finish(%s, %s, %s, 'shipped', '1', queue => %s)"
+    with node(here) as c:
+        # (the first pass: the session learns the queue)
+        w, receipt, token = c.execute(take, (q,)).fetchone()
+        assert c.execute(finish, (w, token, receipt, q)).fetchone() == (True,)
+        rows, take_remote, take_local = _remote_and_local(c, take, (q,))
+        [(w, receipt, token)] = rows
+        rows, record_remote, record_local = _remote_and_local(
+            c, "SELECT recorded, first FROM sturdy.record(%s, 'packed', '2', %s)", (w, token))
+        assert rows == [(2, True)]
+        rows, finish_remote, finish_local = _remote_and_local(c, finish, (w, token, receipt, q))
+        assert rows == [(True,)]
+        if WITH_QUEUES:
+            assert (take_remote, take_local, record_remote, record_local, finish_remote, finish_local) == (
+                [], [], [], [], [], []), (take_remote, take_local, finish_remote, finish_local)
+        else:
+            assert any("PREPARE TRANSACTION" in m for m in take_remote), take_remote
+            assert any("PREPARE TRANSACTION" in m for m in finish_remote), finish_remote
+        # the next pass fences out a stale token on every node
+        w2, receipt2, token2 = c.execute(take, (q,)).fetchone()
+        c.execute("UPDATE sturdy.claims SET held_until = now() WHERE place = %s AND workflow = %s"
+                  if WITH_QUEUES else "UPDATE sturdy.claims SET held_until = now() WHERE workflow = %s",
+                  (q, w2) if WITH_QUEUES else (w2,))
+        assert c.execute("SELECT sturdy.claim(%s)", (w2,)).fetchone() == (token2 + 1,)
+        for settings in [*NODES, None]:
+            with (node(settings) if settings else connect()) as o:
+                assert sqlstate_of(o, "SELECT sturdy.record(%s, 'late', '3', %s)", (w2, token2)) == "SD001"
+                assert sqlstate_of(o, finish, (w2, token2, receipt2, q)) == "SD001"
+    with connect() as c:
+        assert c.execute(
+            "SELECT step, value::text FROM sturdy.load(%s)", (w,)).fetchall() == [("shipped", "1"), ("packed", "2")] or \
+            sorted(c.execute("SELECT step, value::text FROM sturdy.load(%s)", (w,)).fetchall()) == [("packed", "2"), ("shipped", "1")]
+        assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s AND workflow = %s", (q, w)).fetchone() == (0,)
+        assert c.execute("SELECT held_until <= now() FROM sturdy.claims WHERE workflow = %s", (w,)).fetchone() == (True,)
+        assert c.execute("SELECT count(*) FROM sturdy.checkpoints WHERE workflow = %s AND place IS NOT DISTINCT FROM %s",
+                         (w, q if WITH_QUEUES else None)).fetchone() == (2,)
+
+
 def test_a_statement_that_writes_the_shard_here_and_another_node_commits_by_two_phase_commit():
     """A take and done done on the queue's shard here, and in the same
     statement a claim of a workflow another node holds: Citus prepares the
@@ -992,7 +1080,8 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         assert call("sample", "SELECT sturdy.sample() > 0") == (True,)
         assert call("sweep", "SELECT count(*) FROM sturdy.sweep('7 days', 10)") == (10,)
         call("grant_usage", "SELECT sturdy.grant_usage('every_user')")
-        call("distribute", "SELECT sturdy.distribute()")
+        call("distribute", "SELECT sturdy.distribute(%s)", WITH_QUEUES)
+        assert call("workflow_place", "SELECT sturdy.workflow_place('orders/77')") == ("orders",)
         for view in ("queue_stats", "outbox_stats", "batch_jobs", "health"):
             c.execute(f"SELECT count(*) FROM sturdy.{view}")
     assert functions - set(calls) == set(), "functions of the catalog this test does not call"

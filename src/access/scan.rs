@@ -29,7 +29,7 @@ pub(super) unsafe fn equal_key(
 
 /// The most columns a key of [`Opened::delete_if`], [`Opened::lock`] or
 /// [`Opened::upsert`] has.
-pub(super) const MAX_KEYS: usize = 2;
+pub(super) const MAX_KEYS: usize = 3;
 
 /// The columns of `key`, without an allocation: `None` past [`MAX_KEYS`].
 pub(super) fn cols_of(key: &[(Col, pg_sys::Datum)]) -> Option<([Col; MAX_KEYS], usize)> {

@@ -12,7 +12,7 @@ use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Statement, run_one};
+use crate::plan::{self, Placed, Statement, run_one};
 use crate::subxact;
 use crate::workflow;
 
@@ -25,36 +25,69 @@ use crate::workflow;
 /// `DO UPDATE SET value = cp.value` changes nothing but returns the stored
 /// row, so a loser learns the winner's value in the same statement; `xmax = 0`
 /// tells a fresh insert from that no-op update.
-static RECORD: Statement = Statement {
-    sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
-          SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
-            FROM sturdy.claims c
-           WHERE c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
-             FOR UPDATE OF c
-          ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
-          RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
-    args: &[
-        pg_sys::TEXTOID,
-        pg_sys::TEXTOID,
-        pg_sys::JSONBOID,
-        pg_sys::INT8OID,
-    ],
-    writes: true,
-    generic: false,
+static RECORD: Placed = Placed {
+    by_workflow: Statement {
+        sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
+              SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
+                FROM sturdy.claims c
+               WHERE c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
+                 FOR UPDATE OF c
+              ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
+              RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
+        args: RECORD_ARGS,
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql:
+            "INSERT INTO sturdy.checkpoints AS cp (place, workflow, step, value, token, recorded_at)
+              SELECT c.place, $1, $2, $3, $4, pg_catalog.clock_timestamp()
+                FROM sturdy.claims c
+               WHERE c.place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
+                 FOR UPDATE OF c
+              ON CONFLICT ON CONSTRAINT checkpoints_pkey DO UPDATE SET value = cp.value
+              RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
+        args: RECORD_ARGS,
+        writes: true,
+        generic: false,
+    },
 };
+
+const RECORD_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+    pg_sys::JSONBOID,
+    pg_sys::INT8OID,
+];
 
 /// Fence and existence check in one statement: lock the claim row, and read
 /// the step's value if it is already recorded.
-static TRANSACT_FENCE: Statement = Statement {
-    sql: "SELECT c.token, cp.value
-            FROM sturdy.claims c
-            LEFT JOIN sturdy.checkpoints cp
-              ON cp.workflow OPERATOR(pg_catalog.=) c.workflow AND cp.step OPERATOR(pg_catalog.=) $2
-           WHERE c.workflow OPERATOR(pg_catalog.=) $1
-             FOR UPDATE OF c",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-    writes: true,
-    generic: false,
+static TRANSACT_FENCE: Placed = Placed {
+    by_workflow: Statement {
+        sql: "SELECT c.token, cp.value
+                FROM sturdy.claims c
+                LEFT JOIN sturdy.checkpoints cp
+                  ON cp.workflow OPERATOR(pg_catalog.=) c.workflow AND cp.step OPERATOR(pg_catalog.=) $2
+               WHERE c.workflow OPERATOR(pg_catalog.=) $1
+                 FOR UPDATE OF c",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
+    with_queues: Statement {
+        sql: "SELECT c.token, cp.value
+                FROM sturdy.claims c
+                LEFT JOIN sturdy.checkpoints cp
+                  ON cp.place OPERATOR(pg_catalog.=) c.place AND cp.workflow OPERATOR(pg_catalog.=) c.workflow
+                 AND cp.step OPERATOR(pg_catalog.=) $2
+               WHERE c.place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+                 AND c.workflow OPERATOR(pg_catalog.=) $1
+                 FOR UPDATE OF c",
+        args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+        writes: true,
+        generic: false,
+    },
 };
 
 /// Returns its row through the call (see `plan::run_as_set`).
@@ -80,7 +113,7 @@ fn record(
     }
     let rows = plan::run_as_set(
         call,
-        &RECORD,
+        RECORD.get(),
         &[workflow.into(), step.into(), value.into(), token.into()],
     )?;
     if rows == 0 {
@@ -105,12 +138,12 @@ fn record_here(
     let Some(w) = workflow.into_datum() else {
         return Ok(None);
     };
-    let record = checkpoint::StepRecord::new(w, step, value, token);
+    let record = checkpoint::StepRecord::new(workflow, w, step, value, token);
     // both tables checked before anything is locked or written
     let Some(fence) = claim::Fence::open(workflow, false) else {
         return Ok(None);
     };
-    let Some(checkpoints) = record.open_to_keep(workflow) else {
+    let Some(checkpoints) = record.open_to_keep() else {
         return Ok(None);
     };
     let Some((_held, current)) = fence.lock(w)? else {
@@ -147,12 +180,13 @@ fn transact(
             subxact::Unfit::NotPermitted(function) => Error::NotPermitted { function },
         })?;
 
-    let (current, recorded) = run_one(&TRANSACT_FENCE, &[workflow.into(), step.into()], |t| {
-        if t.is_empty() {
-            return Ok((None, None));
-        }
-        Ok(t.first().get_two::<i64, Jsonb>()?)
-    })?;
+    let (current, recorded) =
+        run_one(TRANSACT_FENCE.get(), &[workflow.into(), step.into()], |t| {
+            if t.is_empty() {
+                return Ok((None, None));
+            }
+            Ok(t.first().get_two::<i64, Jsonb>()?)
+        })?;
     claim::check_token(workflow, token, current)?;
     if let Some(recorded) = recorded {
         return Ok(recorded);

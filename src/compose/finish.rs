@@ -319,7 +319,8 @@ fn finish_here(
         return Ok(None);
     };
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
-    let record = step.map(|(step, value)| checkpoint::StepRecord::new(w, step, value, token));
+    let record =
+        step.map(|(step, value)| checkpoint::StepRecord::new(workflow, w, step, value, token));
     // every part checked before anything is locked or written
     let Some(fence) = claim::Fence::open(workflow, true) else {
         return Ok(None);
@@ -328,7 +329,7 @@ fn finish_here(
         return Ok(None);
     };
     let checkpoints = match &record {
-        Some(r) => match r.open(workflow) {
+        Some(r) => match r.open() {
             Some(table) => Some(table),
             None => return Ok(None),
         },

@@ -413,8 +413,12 @@ def sample() -> Statement[int]:
     return _statement(_scalar, _call("sample"))
 
 
-def distribute() -> Statement[None]:
-    return _statement(_none, _call("distribute"))
+def distribute(workflows_with_queues: bool | None = None) -> Statement[None]:
+    return _statement(_none, _call("distribute", ("workflows_with_queues", "boolean", workflows_with_queues)))
+
+
+def workflow_place(workflow: str) -> Statement[str]:
+    return _statement(_scalar, _call("workflow_place", ("workflow", "text", workflow), required=1))
 
 
 def queue_node(queue: str) -> Statement[Node | None]:
