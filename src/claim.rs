@@ -19,7 +19,8 @@ use crate::access;
 use crate::args::{self, Name};
 use crate::datum::Text;
 use crate::error::{Error, Result};
-use crate::plan::{Placed, Statement, first_value, null, run_one};
+use crate::placement::Placed;
+use crate::plan::{Statement, first_value, null, run_one};
 
 /// The claims table, for writes without a statement (see `access`): its
 /// columns by position.
@@ -41,19 +42,6 @@ const C_HELD_UNTIL: access::Col = access::Col(2);
 const C_OWNER: access::Col = access::Col(3);
 const C_CLAIMED_AT: access::Col = access::Col(4);
 const C_PLACE: access::Col = access::Col(5);
-
-/// Where `workflow`'s claim is kept for `access`: the distribution value of
-/// its rows under Citus (its place where distributed with the queues, else
-/// its name), and its place as a `text` datum where the primary key leads
-/// with it.
-pub(crate) fn kept_at(workflow: &[u8]) -> (&[u8], Option<pg_sys::Datum>) {
-    if crate::scaleout::with_queues() {
-        let place = crate::scaleout::place_of(workflow);
-        (place, Text::from_bytes(place).into_datum())
-    } else {
-        (workflow, None)
-    }
-}
 
 /// The fence without a statement: the claim row of `workflow` (a `text`
 /// datum) locked as `SELECT ... FOR UPDATE` locks it, and its token. `None`
@@ -83,7 +71,7 @@ impl Fence {
     /// `None` where `access` cannot do it (see there), with nothing locked
     /// but the table, as a statement writing it locks it.
     pub(crate) fn open(workflow: Name, release: bool) -> Option<Fence> {
-        let (at, place) = kept_at(workflow.bytes());
+        let (at, place) = crate::placement::kept_at(workflow.bytes());
         let claims = CLAIMS.opened(&[pg_sys::ACL_UPDATE], at)?;
         let key: &[access::Col] = if place.is_some() {
             &[C_PLACE, C_WORKFLOW]
@@ -387,7 +375,7 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
             Some(pg_sys::Datum::from(now)),
         ),
     ];
-    let (at, place) = kept_at(workflow.bytes());
+    let (at, place) = crate::placement::kept_at(workflow.bytes());
     let by_place;
     let key: &[(access::Col, pg_sys::Datum)] = match place {
         Some(place) => {

@@ -45,6 +45,7 @@ pub mod fragment;
 pub mod grants;
 #[allow(unsafe_code)]
 pub mod heads;
+pub mod placement;
 #[allow(unsafe_code)]
 pub mod plan;
 #[allow(unsafe_code)]

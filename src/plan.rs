@@ -50,29 +50,6 @@ pub struct Statement {
     pub generic: bool,
 }
 
-/// A statement about one workflow's claim or checkpoints, in its two
-/// forms: as on one server (and under Citus by workflow), and for claims
-/// and checkpoints distributed with the queues (`scaleout::with_queues`),
-/// where it names the workflow's place too (`sturdy.workflow_place`, which
-/// Citus evaluates and routes by) and an upsert's arbiter by its name (the
-/// primary key is (place, workflow) there, and the workers' own copies of
-/// the table keep the one-server key).
-pub struct Placed {
-    pub by_workflow: Statement,
-    pub with_queues: Statement,
-}
-
-impl Placed {
-    /// The form this database runs.
-    pub fn get(&'static self) -> &'static Statement {
-        if crate::scaleout::with_queues() {
-            &self.with_queues
-        } else {
-            &self.by_workflow
-        }
-    }
-}
-
 thread_local! {
     // Leaked on purpose: a kept plan lives as long as the backend, and handing
     // out `&'static` lets a statement run without holding this borrow, so a

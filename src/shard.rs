@@ -110,15 +110,14 @@ fn tell_citus(table: pg_sys::Oid, key: &[u8]) {
     let by_workflow = !name.is_null()
         // SAFETY: a NUL-terminated name palloc'd by get_rel_name
         && matches!(unsafe { CStr::from_ptr(name) }.to_bytes(), b"claims" | b"checkpoints");
-    let sql = if by_workflow && crate::scaleout::with_queues() {
-        // (the key is the place here: any workflow name that is its own
-        // place is routed to it)
+    let sql = if by_workflow {
+        // `key` is the distribution value: the workflow, or its place
+        // where claims are kept with the queues; naming both columns, the
+        // statement is routed by whichever it is (and changes no row: no
+        // token is negative)
         "UPDATE sturdy.claims SET token = token
           WHERE place OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $1
             AND token OPERATOR(pg_catalog.<) 0"
-    } else if by_workflow {
-        "UPDATE sturdy.claims SET token = token
-          WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.<) 0"
     } else {
         "UPDATE sturdy.queue SET takes = takes
           WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) ''"

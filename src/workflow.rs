@@ -41,7 +41,8 @@ use crate::args::{self, Name};
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, MAX_NAME_BYTES, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Placed, Statement, first_value, null, run_one};
+use crate::placement::Placed;
+use crate::plan::{self, Statement, first_value, null, run_one};
 
 /// How long an idempotency key keeps returning its first instance, in
 /// milliseconds (a duration with units when set: `'300ms'`, `'24h'`).

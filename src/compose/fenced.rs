@@ -12,7 +12,8 @@ use crate::claim;
 use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::plan::{self, Placed, Statement, run_one};
+use crate::placement::Placed;
+use crate::plan::{self, Statement, run_one};
 use crate::subxact;
 use crate::workflow;
 
@@ -25,13 +26,28 @@ use crate::workflow;
 /// `DO UPDATE SET value = cp.value` changes nothing but returns the stored
 /// row, so a loser learns the winner's value in the same statement; `xmax = 0`
 /// tells a fresh insert from that no-op update.
-static RECORD: Placed = Placed {
+static RECORD: Statement = Statement {
+    sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
+          SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
+            FROM sturdy.claims c
+           WHERE c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
+             FOR UPDATE OF c
+          ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
+          RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
+    args: RECORD_ARGS,
+    writes: true,
+    generic: false,
+};
+
+/// [`RECORD`]'s write under Citus, after the fence (`claim::fence_current`)
+/// as a statement of its own: Citus cannot push an `INSERT ... SELECT`
+/// with a volatile function down to the shard whole, and runs it through
+/// intermediate results (six commands through the coordinator, where the
+/// two routed statements are four).
+static RECORD_FENCED: Placed = Placed {
     by_workflow: Statement {
         sql: "INSERT INTO sturdy.checkpoints AS cp (workflow, step, value, token, recorded_at)
-              SELECT $1, $2, $3, $4, pg_catalog.clock_timestamp()
-                FROM sturdy.claims c
-               WHERE c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
-                 FOR UPDATE OF c
+              VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp())
               ON CONFLICT (workflow, step) DO UPDATE SET value = cp.value
               RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
         args: RECORD_ARGS,
@@ -41,11 +57,7 @@ static RECORD: Placed = Placed {
     with_queues: Statement {
         sql:
             "INSERT INTO sturdy.checkpoints AS cp (place, workflow, step, value, token, recorded_at)
-              SELECT c.place, $1, $2, $3, $4, pg_catalog.clock_timestamp()
-                FROM sturdy.claims c
-               WHERE c.place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
-                 AND c.workflow OPERATOR(pg_catalog.=) $1 AND c.token OPERATOR(pg_catalog.=) $4
-                 FOR UPDATE OF c
+              VALUES (sturdy.workflow_place($1), $1, $2, $3, $4, pg_catalog.clock_timestamp())
               ON CONFLICT ON CONSTRAINT checkpoints_pkey DO UPDATE SET value = cp.value
               RETURNING cp.value, cp.xmax OPERATOR(pg_catalog.=) 0",
         args: RECORD_ARGS,
@@ -111,11 +123,13 @@ fn record(
         plan::begin_result(call);
         return plan::append_row(call, &[Some(recorded), first.into_datum()]);
     }
-    let rows = plan::run_as_set(
-        call,
-        RECORD.get(),
-        &[workflow.into(), step.into(), value.into(), token.into()],
-    )?;
+    let args = [workflow.into(), step.into(), value.into(), token.into()];
+    if crate::scaleout::distributed() {
+        claim::fence_current(workflow, token)?;
+        plan::run_as_set(call, RECORD_FENCED.get(), &args)?;
+        return Ok(());
+    }
+    let rows = plan::run_as_set(call, &RECORD, &args)?;
     if rows == 0 {
         return Err(claim::fenced(workflow, token));
     }
