@@ -63,10 +63,12 @@ def catalog(c):
 
 
 # Each table's rows, in the columns every version has (0.2.0 adds
-# queue.seq, filled in by the update), and for the queue when each row is
-# next handed out: 0.1.0's visible_at, 0.2.0's later of visible_at and
+# queue.seq, filled in by the update, and the claims' and checkpoints'
+# place, NULL but under Citus), and for the queue when each row is next
+# handed out: 0.1.0's visible_at, 0.2.0's later of visible_at and
 # leased_until (the update moves a lease there).
-KEPT = {"claims": "r", "checkpoints": "r",
+KEPT = {"claims": "(r.workflow, r.token, r.held_until, r.owner, r.claimed_at)",
+        "checkpoints": "(r.workflow, r.step, r.value, r.token, r.recorded_at)",
         "queue": "(r.queue, r.workflow, greatest(r.visible_at, (to_jsonb(r) ->> 'leased_until')::timestamptz), "
                  "r.taken_at, r.takes, r.scheduled_at)"}
 
@@ -114,6 +116,9 @@ def test_updates_to_the_current_version(fresh, updated):
 def test_every_row_is_still_there(updated):
     _, c, before = updated
     assert rows(c) == before
+    # placed by nothing on one server
+    assert c.execute("SELECT (SELECT count(*) FROM sturdy.claims WHERE place IS NOT NULL)"
+                     " + (SELECT count(*) FROM sturdy.checkpoints WHERE place IS NOT NULL)").fetchone() == (0,)
 
 
 def test_the_catalog_equals_a_fresh_installs(fresh, updated):
