@@ -51,7 +51,7 @@ const CP_PLACE: access::Col = access::Col(5);
 /// [`StepRecord::insert_unless_there`].
 pub(crate) struct StepRecord {
     /// (place,) workflow, step: the primary key's columns (see
-    /// [`claim::kept_at`](crate::placement::kept_at)).
+    /// [`placement::kept_at`](crate::placement::kept_at)).
     key: [(access::Col, pg_sys::Datum); 3],
     keys: usize,
     /// Its workflow, and whether its rows are kept by its place (the
@@ -95,7 +95,7 @@ impl StepRecord {
         }
     }
 
-    /// Where its rows are kept (see [`claim::kept_at`](crate::placement::kept_at)).
+    /// Where its rows are kept (see [`placement::kept_at`](crate::placement::kept_at)).
     fn at(&self) -> &[u8] {
         if self.by_place {
             crate::scaleout::place_of(self.workflow.bytes())
