@@ -659,8 +659,14 @@ def test_a_cycle_on_the_queue_s_node_runs_no_statement_through_citus():
             c, "SELECT sturdy.done(t.workflow, t.receipt, %s) FROM sturdy.take(%s) t", (q, q))
         assert rows == [(True,)]
         assert (remote, local) == ([], []), (remote, local)
+        # drained: the take that finds nothing marks the queue as waited
+        # on, on the shard too
+        rows, remote, local = _remote_and_local(c, "SELECT * FROM sturdy.take(%s)", (q,))
+        assert rows == []
+        assert (remote, local) == ([], []), (remote, local)
     with connect() as c:
         assert c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (q,)).fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM sturdy.queue_waiters WHERE queue = %s", (q,)).fetchone() == (1,)
 
 
 def test_a_pass_that_claims_on_the_queue_s_node_stays_there_for_workflows_named_for_the_queue():

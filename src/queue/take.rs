@@ -355,7 +355,7 @@ pub(crate) fn take(
         // or a schedule answers.
         plan::begin_result(call);
         if wake && gate.as_ref().is_some_and(|g| g.nothing_ready || g.no_place) {
-            run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+            wakeups::mark_idle(queue)?;
             idle::bump();
         }
         return Ok(());
@@ -370,7 +370,7 @@ pub(crate) fn take(
             limits::close(queue, gate, &kept.borrow())?;
         }
         if rows == 0 && wake {
-            run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))?;
+            wakeups::mark_idle(queue)?;
             idle::bump();
         }
         Ok(())

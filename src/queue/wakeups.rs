@@ -3,6 +3,43 @@
 
 use super::*;
 
+/// The waiters' marks, for an empty take's mark without a statement.
+static WAITERS: access::Table =
+    access::Table::new(c"sturdy", c"queue_waiters", &[c"queue", c"since"]);
+const W_QUEUE: access::Col = access::Col(0);
+const W_SINCE: access::Col = access::Col(1);
+
+/// A take that found nothing marks its queue as waited on, as
+/// [`MARK_IDLE`]'s `INSERT ... ON CONFLICT DO NOTHING` does, without the
+/// statement where `access` can: under Citus on the queue's node, where the
+/// statement went through Citus's local execution, an idle worker's every
+/// poll paid a statement planned on the node and parsed again for the
+/// shard, and Citus then committed the take by two-phase commit.
+pub(super) fn mark_idle(queue: Name) -> Result<()> {
+    if let Some(q) = queue.into_datum() {
+        let now = pg_sys::TimestampTz::from(pgrx::datum::now());
+        let mark = access::Upsert {
+            key: &[(W_QUEUE, q)],
+            set: &[(
+                W_SINCE,
+                pg_sys::TIMESTAMPTZOID,
+                Some(pg_sys::Datum::from(now)),
+            )],
+            fill: &[],
+            insert_only: &[],
+            only_if: None,
+            increment: None,
+        };
+        let done = WAITERS.with(&[pg_sys::ACL_INSERT], queue.bytes(), |table| {
+            table.insert_unless_there(&mark)
+        })?;
+        if done.is_some() {
+            return Ok(());
+        }
+    }
+    run_one(&MARK_IDLE, &[queue.into()], |_| Ok(()))
+}
+
 /// Where this backend last found a queue unmarked, by the idle epoch.
 ///
 /// Every mark is made with a bump of `sturdy.queue_idle`, so while the epoch
