@@ -231,18 +231,29 @@ pub(crate) fn fence_out(workflow: Name) -> Result<()> {
     run_one(FENCE_OUT.get(), &[workflow.into()], |_| Ok(()))
 }
 
+/// The current token, as [`FENCE`] reads it and [`CURRENT`] without the
+/// lock: its text by placement.
+macro_rules! token_of {
+    (by_workflow) => {
+        "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1"
+    };
+    (with_queues) => {
+        "SELECT token FROM sturdy.claims
+          WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
+            AND workflow OPERATOR(pg_catalog.=) $1"
+    };
+}
+
 /// Lock the claim row and read its token.
 static FENCE: Placed = Placed {
     by_workflow: Statement {
-        sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+        sql: concat!(token_of!(by_workflow), " FOR UPDATE"),
         args: &[pg_sys::TEXTOID],
         writes: true,
         generic: false,
     },
     with_queues: Statement {
-        sql: "SELECT token FROM sturdy.claims
-               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
-                 AND workflow OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+        sql: concat!(token_of!(with_queues), " FOR UPDATE"),
         args: &[pg_sys::TEXTOID],
         writes: true,
         generic: false,
@@ -252,15 +263,13 @@ static FENCE: Placed = Placed {
 /// The current token, unlocked: only read to explain a refusal.
 static CURRENT: Placed = Placed {
     by_workflow: Statement {
-        sql: "SELECT token FROM sturdy.claims WHERE workflow OPERATOR(pg_catalog.=) $1",
+        sql: token_of!(by_workflow),
         args: &[pg_sys::TEXTOID],
         writes: true,
         generic: false,
     },
     with_queues: Statement {
-        sql: "SELECT token FROM sturdy.claims
-               WHERE place OPERATOR(pg_catalog.=) sturdy.workflow_place($1)
-                 AND workflow OPERATOR(pg_catalog.=) $1",
+        sql: token_of!(with_queues),
         args: &[pg_sys::TEXTOID],
         writes: true,
         generic: false,

@@ -254,6 +254,10 @@ mod tests {
             ("/leading", "/leading"),
             ("trailing/", "trailing"),
             ("ünï/1", "ünï"),
+            (
+                "x'); DROP TABLE sturdy.claims; --/1",
+                "x'); DROP TABLE sturdy.claims; --",
+            ),
         ] {
             assert_eq!(
                 Spi::get_one_with_args::<String>(
@@ -268,6 +272,13 @@ mod tests {
         }
         assert_eq!(sqlstate_of("SELECT sturdy.workflow_place(NULL)"), "22004");
         assert_eq!(sqlstate_of("SELECT sturdy.workflow_place('')"), "22023");
+        assert_eq!(
+            sqlstate_of(&format!(
+                "SELECT sturdy.workflow_place('{}')",
+                "w".repeat(1025)
+            )),
+            "22023"
+        );
         // on one server nothing is placed: the column stays NULL
         Spi::run("SELECT sturdy.claim('wp/1')").unwrap();
         Spi::run("SELECT sturdy.supply('wp/1', 's', '1')").unwrap();
