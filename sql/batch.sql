@@ -25,7 +25,7 @@ CREATE TABLE sturdy.batches (
     started_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
     finished_at    timestamptz
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.batches', '');
 COMMENT ON TABLE sturdy.batches IS
     'Batch progress: named jobs (sturdy.batch_start, ticked by sturdy.batch_tick) and the running state of plain sturdy.batch calls.';

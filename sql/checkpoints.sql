@@ -8,7 +8,7 @@ CREATE TABLE sturdy.checkpoints (
     recorded_at timestamptz NOT NULL,
     place       text        COLLATE "C",
     PRIMARY KEY (workflow, step)
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.checkpoints', '');
 
 COMMENT ON TABLE sturdy.checkpoints IS

@@ -22,7 +22,7 @@ CREATE TABLE sturdy.claims (
     owner      text,
     claimed_at timestamptz NOT NULL,
     place      text        COLLATE "C"
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.claims', '');
 
 COMMENT ON TABLE sturdy.claims IS

@@ -64,7 +64,7 @@ CREATE TABLE sturdy.samples (
     subscriber text        NOT NULL DEFAULT '',
     figures    jsonb       NOT NULL,
     PRIMARY KEY (kind, name, subscriber, sampled_at)
-);
+) WITH (vacuum_truncate = false);
 -- sweep's trim, oldest first
 CREATE INDEX samples_sampled_at ON sturdy.samples (sampled_at);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.samples', '');

@@ -17,7 +17,7 @@ CREATE TABLE sturdy.subscriptions (
     max_attempts integer     NOT NULL CHECK (max_attempts > 0),
     created_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (event, subscriber)
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.subscriptions', '');
 COMMENT ON TABLE sturdy.subscriptions IS
     'Who gets which event: emit creates one delivery per row for its event. Written by sturdy.subscribe and sturdy.unsubscribe.';
@@ -34,7 +34,7 @@ CREATE TABLE sturdy.outbox (
     payload      jsonb       NOT NULL,
     aggregate_id text        COLLATE "C",
     created_at   timestamptz NOT NULL DEFAULT now()
-);
+) WITH (vacuum_truncate = false);
 ALTER SEQUENCE sturdy.outbox_id_seq OWNED BY sturdy.outbox.id;
 SELECT pg_catalog.pg_extension_config_dump('sturdy.outbox', '');
 SELECT pg_catalog.pg_extension_config_dump('sturdy.outbox_id_seq', '');
@@ -62,7 +62,7 @@ CREATE TABLE sturdy.deliveries (
     last_error      text,
     last_sqlstate   text        COLLATE "C",
     delivered_at    timestamptz
-);
+) WITH (vacuum_truncate = false);
 ALTER SEQUENCE sturdy.deliveries_id_seq OWNED BY sturdy.deliveries.id;
 -- pump's scan: due pending deliveries, oldest first. Done and dead rows are
 -- not in it, so a long history costs pump nothing.
@@ -99,7 +99,7 @@ COMMENT ON COLUMN sturdy.deliveries.delivered_at IS 'When the successful attempt
 CREATE UNLOGGED TABLE sturdy.outbox_waiters (
     waiting boolean     PRIMARY KEY DEFAULT true CHECK (waiting),
     since   timestamptz NOT NULL
-);
+) WITH (vacuum_truncate = false);
 COMMENT ON TABLE sturdy.outbox_waiters IS
     'One row while a pump waits: set by a pump that found nothing due, cleared (with one NOTIFY sturdy_outbox) by the next emit or redrive that creates due work.';
 COMMENT ON COLUMN sturdy.outbox_waiters.waiting IS 'Always true: at most one row.';

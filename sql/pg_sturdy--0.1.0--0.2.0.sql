@@ -1308,3 +1308,23 @@ REVOKE ALL ON SCHEMA sturdy FROM PUBLIC;
 ALTER FUNCTION sturdy.sweep(interval, integer) ROWS 10;
 COMMENT ON FUNCTION sturdy.sweep(older_than interval, max integer) IS
     'Delete one bounded batch: at most max instances finished before now() - older_than with their checkpoints, claims and queue rows (skipping any a live pass holds), at most max outbox messages that old whose deliveries are all done, at most max expired idempotency keys, the free per_key places of at most max keys with no row left in their queue, at most max leases run out with no take to meet them counted as failed passes (lapsed: among the first max ready rows of each queue), at most max dead queue rows that died before now() - older_than, and at most max of the dashboard''s samples older than a day (or than older_than, where shorter). Counts per kind; call it again (pg_cron) until the counts are zero.';
+
+-- Every table keeps the empty pages at its end: a vacuum's truncation would
+-- take an ACCESS EXCLUSIVE lock that every take, done and claim waits behind
+-- (sql/queue.sql).
+ALTER TABLE sturdy.queue SET (vacuum_truncate = false);
+ALTER TABLE sturdy.queue_retry SET (vacuum_truncate = false);
+ALTER TABLE sturdy.queue_waiters SET (vacuum_truncate = false);
+ALTER TABLE sturdy.queue_limits SET (vacuum_truncate = false);
+ALTER TABLE sturdy.queue_places SET (vacuum_truncate = false);
+ALTER TABLE sturdy.queue_key_places SET (vacuum_truncate = false);
+ALTER TABLE sturdy.claims SET (vacuum_truncate = false);
+ALTER TABLE sturdy.checkpoints SET (vacuum_truncate = false);
+ALTER TABLE sturdy.subscriptions SET (vacuum_truncate = false);
+ALTER TABLE sturdy.outbox SET (vacuum_truncate = false);
+ALTER TABLE sturdy.deliveries SET (vacuum_truncate = false);
+ALTER TABLE sturdy.outbox_waiters SET (vacuum_truncate = false);
+ALTER TABLE sturdy.instances SET (vacuum_truncate = false);
+ALTER TABLE sturdy.idempotency_keys SET (vacuum_truncate = false);
+ALTER TABLE sturdy.batches SET (vacuum_truncate = false);
+ALTER TABLE sturdy.samples SET (vacuum_truncate = false);

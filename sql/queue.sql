@@ -26,8 +26,15 @@ CREATE TABLE sturdy.queue (
     last_sqlstate text,
     failed_at     timestamptz,
     PRIMARY KEY (queue, workflow)
-) WITH (fillfactor = 45);
+) WITH (fillfactor = 45, vacuum_truncate = false);
 ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
+-- vacuum_truncate = false, here and on every table of the schema: a vacuum
+-- that finds empty pages at a table's end cuts them off under an ACCESS
+-- EXCLUSIVE lock, and every take, done or claim of the table waits behind it
+-- (on a standby, its queries of the table are cancelled or hold up replay).
+-- These tables are emptied and filled again all day; the pages would only
+-- be added back. An explicit VACUUM (TRUNCATE) still gives them back
+-- (docs/operations.md, "Empty pages are kept").
 -- take's scan: the oldest visible rows of one queue, in (visible_at, seq)
 -- order, so that a take from its floor starts at the exact row its last take
 -- reached: entries of rows taken and done before it (left until vacuum, and
@@ -106,7 +113,7 @@ CREATE TABLE sturdy.queue_retry (
     backoff      interval NOT NULL,
     max_backoff  interval NOT NULL,
     jitter       float8   NOT NULL
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_retry', '');
 COMMENT ON TABLE sturdy.queue_retry IS
     'Retry policies per queue, set by retry_queue: after a failed pass the row is visible again after a backoff, and dead at max_attempts failures.';
@@ -134,7 +141,7 @@ COMMENT ON SEQUENCE sturdy.queue_priorities IS
 CREATE UNLOGGED TABLE sturdy.queue_waiters (
     queue text        COLLATE "C" PRIMARY KEY,
     since timestamptz NOT NULL
-);
+) WITH (vacuum_truncate = false);
 COMMENT ON TABLE sturdy.queue_waiters IS
     'Queues with an idle worker: set by a take that found nothing, cleared (with one NOTIFY sturdy) by the next schedule, arrive or due wake_at there.';
 COMMENT ON COLUMN sturdy.queue_waiters.queue IS 'The queue a worker found empty.';
@@ -166,7 +173,7 @@ CREATE TABLE sturdy.queue_limits (
     refilled_at timestamptz,
     settling    boolean     NOT NULL DEFAULT false,
     CHECK ((per_second IS NULL) = (burst IS NULL))
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_limits', '');
 COMMENT ON TABLE sturdy.queue_limits IS
     'Flow control per queue, set by limit_queue, pause and resume: take hands out at most what these leave.';
@@ -192,7 +199,7 @@ CREATE TABLE sturdy.queue_places (
     workflow text        COLLATE "C",
     receipt  timestamptz,
     PRIMARY KEY (queue, place)
-);
+) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_places', '');
 COMMENT ON TABLE sturdy.queue_places IS
     'The running limit''s places: held by a pass from its take until done, finish or wake_at, or until its receipt passes.';
@@ -212,7 +219,7 @@ CREATE TABLE sturdy.queue_key_places (
     workflow text        COLLATE "C",
     receipt  timestamptz,
     PRIMARY KEY (queue, key, place)
-);
+) WITH (vacuum_truncate = false);
 -- No index on workflow: done, finish and wake_at find a pass's place by its
 -- row's key (the primary key's prefix), and a place's update stays HOT.
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_key_places', '');

@@ -18,7 +18,7 @@ CREATE TABLE sturdy.instances (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
     CHECK ((finished_at IS NOT NULL) = (status IN ('succeeded', 'failed', 'cancelled')))
-);
+) WITH (vacuum_truncate = false);
 ALTER SEQUENCE sturdy.instances_id_seq OWNED BY sturdy.instances.id;
 -- status: the newest instance of a business key
 CREATE INDEX instances_business_key ON sturdy.instances (business_key, id);
@@ -53,7 +53,7 @@ CREATE TABLE sturdy.idempotency_keys (
     created_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
     PRIMARY KEY (process, key)
-);
+) WITH (vacuum_truncate = false);
 -- sweep: expired keys
 CREATE INDEX idempotency_keys_expiry ON sturdy.idempotency_keys (expires_at);
 -- an instance's key, shown with it (sturdy-ui)

@@ -99,6 +99,18 @@ def test_distribute_places_every_table_and_runs_again_harmlessly():
                 " WHERE classid = 'pg_proc'::regclass AND objid = %s::regprocedure",
                 (fn,),
             ).fetchone() == (True, int(group["sturdy.queue"]), 0)
+        # the shards keep their empty pages at vacuum, as the tables do
+        # (a truncation's lock would stop every take of the shard)
+        for settings in NODES:
+            with node(settings) as n:
+                n.execute("SET citus.override_table_visibility = off")
+                shards, truncated = n.execute(
+                    "SELECT count(*) FILTER (WHERE relname ~ '_[0-9]+$'),"
+                    "       array_agg(relname::text) FILTER"
+                    "         (WHERE NOT coalesce('vacuum_truncate=false' = ANY (reloptions), false))"
+                    "  FROM pg_class WHERE relnamespace = 'sturdy'::regnamespace AND relkind = 'r'"
+                ).fetchone()
+                assert shards > 0 and truncated is None, f"{settings}: {shards} shards, truncated: {truncated}"
         # both workers hold shards of each kind
         assert len(nodes_holding(c, "sturdy.queue", [f"q-{i}" for i in range(16)])) == 2
         assert len(nodes_holding(c, "sturdy.claims", [f"w-{i}" for i in range(16)])) == 2
