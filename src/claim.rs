@@ -121,19 +121,30 @@ impl Fence {
     }
 }
 
+/// The arm of [`CLAIM`]'s upsert on a claim row already there, in both
+/// forms: a new token and lease where the old lease ran out.
+macro_rules! claim_if_free {
+    () => {
+        " DO UPDATE
+                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
+                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
+               WHERE held.held_until OPERATOR(pg_catalog.<=) $4
+              RETURNING held.token"
+    };
+}
+
 /// Take the workflow when it is free. The `WHERE` on `DO UPDATE` is the "is it
 /// free" test: a live lease fails it, nothing is written and no row returns.
 /// Two first claims race on the primary key; the loser waits, then takes the
 /// `DO UPDATE` arm and finds the lease live.
 static CLAIM: Placed = Placed {
     by_workflow: Statement {
-        sql: "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
+        sql: concat!(
+            "INSERT INTO sturdy.claims AS held (workflow, token, held_until, owner, claimed_at)
               VALUES ($1, 1, $4 OPERATOR(pg_catalog.+) $2, $3, $4)
-              ON CONFLICT (workflow) DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) $4
-              RETURNING held.token",
+              ON CONFLICT (workflow)",
+            claim_if_free!()
+        ),
         // $4 is `now()`, passed in: Citus refuses a function that is not
         // IMMUTABLE in an upsert's WHERE on a distributed table
         args: CLAIM_ARGS,
@@ -141,13 +152,12 @@ static CLAIM: Placed = Placed {
         generic: false,
     },
     with_queues: Statement {
-        sql: "INSERT INTO sturdy.claims AS held (place, workflow, token, held_until, owner, claimed_at)
+        sql: concat!(
+            "INSERT INTO sturdy.claims AS held (place, workflow, token, held_until, owner, claimed_at)
               VALUES (sturdy.workflow_place($1), $1, 1, $4 OPERATOR(pg_catalog.+) $2, $3, $4)
-              ON CONFLICT ON CONSTRAINT claims_pkey DO UPDATE
-                 SET token = held.token OPERATOR(pg_catalog.+) 1, held_until = EXCLUDED.held_until,
-                     owner = EXCLUDED.owner, claimed_at = EXCLUDED.claimed_at
-               WHERE held.held_until OPERATOR(pg_catalog.<=) $4
-              RETURNING held.token",
+              ON CONFLICT ON CONSTRAINT claims_pkey",
+            claim_if_free!()
+        ),
         args: CLAIM_ARGS,
         writes: true,
         generic: false,
