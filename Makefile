@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 AB_FEATURES ?=
 CARGO_FEATURES = --no-default-features --features "pg$(PG_MAJOR) $(AB_FEATURES)"
 
-.PHONY: demo test bench bench-outbox bench-batch soak instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean ui ui-build
+.PHONY: demo test bench bench-outbox bench-batch soak model instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean ui ui-build
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -112,6 +112,12 @@ bench-outbox: install
 soak: install
 	python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check matplotlib
 	scripts/soak.py
+	scripts/model_soak.sh
+
+# The queue's model checker alone, for as long as asked (MODEL_MINUTES,
+# default 30; MODEL_SEED): scripts/model_soak.sh.
+model: install
+	scripts/model_soak.sh
 
 # Instructions per call against the plain statements (callgrind): a cost that
 # does not move with the host.

@@ -39,12 +39,17 @@ ALTER TABLE sturdy.queue ADD COLUMN leased_until timestamptz;
 UPDATE sturdy.queue SET leased_until = visible_at, visible_at = taken_at
  WHERE taken_at IS NOT NULL AND visible_at > pg_catalog.now();
 ALTER TABLE sturdy.queue SET (fillfactor = 45);
+-- 'infinity' becomes a dead row's alone (failing passes, below): a row 0.1.0
+-- parked there (a sleep with no deadline) sleeps at the last finite time
+-- instead, where an arrive or a schedule still wakes it.
+UPDATE sturdy.queue SET visible_at = '294276-12-31 23:59:59.999999+00'
+ WHERE visible_at = 'infinity'::pg_catalog.timestamptz;
 COMMENT ON COLUMN sturdy.queue.visible_at IS
     'When it is due: as schedule, arrive or wake_at last wrote it. take does not move it; the lease is leased_until.';
 COMMENT ON COLUMN sturdy.queue.taken_at IS
-    'When take last leased it; NULL once schedule, arrive or wake_at moved it since.';
+    'When take last leased it; NULL once schedule, arrive or wake_at moved it since (with leased_until set: a wakeup landed on the pass, which done, finish and wake_at then answer false, leaving the row ready).';
 COMMENT ON COLUMN sturdy.queue.leased_until IS
-    'The lease''s end while a taker holds it: take hands it out again only after this. It is the receipt done and wake_at must match; schedule, arrive and wake_at clear it.';
+    'The lease''s end while a taker holds it: take hands it out again only after this (a lease run out is a failed pass, counted by the take or sweep that meets it). It is the receipt done, wake_at, extend and fail must match; a wakeup (schedule, arrive) keeps it, the pass''s end clears it.';
 -- Priorities and keys (src/queue/priority.rs, src/queue/keyed.rs; see
 -- sql/queue.sql): every row of 0.1.0 has the default priority and no key.
 ALTER TABLE sturdy.queue ADD COLUMN priority integer NOT NULL DEFAULT 0, ADD COLUMN key text COLLATE "C";
@@ -72,10 +77,20 @@ COMMENT ON COLUMN sturdy.queue.failed_at IS
 -- each failure up to 1 h, 10% jitter (docs/reference.md, retry_queue).
 CREATE TABLE sturdy.queue_retry (
     queue        text     COLLATE "C" PRIMARY KEY,
-    max_attempts integer  NOT NULL,
+    max_attempts integer  NOT NULL CHECK (max_attempts BETWEEN 1 AND 1000000),
     backoff      interval NOT NULL,
     max_backoff  interval NOT NULL,
-    jitter       float8   NOT NULL
+    -- (NaN is above every number: the upper bound refuses it)
+    jitter       float8   NOT NULL CHECK (jitter >= 0 AND jitter <= 1),
+    -- a wait of no negative part, at most a year (retry_queue's bounds)
+    CHECK (pg_catalog.date_part('epoch', backoff) BETWEEN 0 AND 31536000
+           AND pg_catalog.date_part('year', backoff) >= 0 AND pg_catalog.date_part('month', backoff) >= 0
+           AND pg_catalog.date_part('day', backoff) >= 0 AND pg_catalog.date_part('hour', backoff) >= 0
+           AND pg_catalog.date_part('minute', backoff) >= 0 AND pg_catalog.date_part('second', backoff) >= 0),
+    CHECK (pg_catalog.date_part('epoch', max_backoff) BETWEEN 0 AND 31536000
+           AND pg_catalog.date_part('year', max_backoff) >= 0 AND pg_catalog.date_part('month', max_backoff) >= 0
+           AND pg_catalog.date_part('day', max_backoff) >= 0 AND pg_catalog.date_part('hour', max_backoff) >= 0
+           AND pg_catalog.date_part('minute', max_backoff) >= 0 AND pg_catalog.date_part('second', max_backoff) >= 0)
 );
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_retry', '');
 COMMENT ON TABLE sturdy.queue_retry IS
@@ -96,12 +111,14 @@ COMMENT ON SEQUENCE sturdy.queue_priorities IS
 CREATE TABLE sturdy.queue_limits (
     queue       text        COLLATE "C" PRIMARY KEY,
     paused      boolean     NOT NULL DEFAULT false,
-    running     integer     CHECK (running > 0),
-    per_key     integer     CHECK (per_key > 0),
-    per_second  float8      CHECK (per_second > 0 AND per_second < 'infinity'),
-    burst       integer     CHECK (burst > 0),
-    tokens      float8,
-    refilled_at timestamptz,
+    -- limit_queue's bounds (NaN is above every number: the upper bounds
+    -- refuse it)
+    running     integer     CHECK (running BETWEEN 1 AND 10000),
+    per_key     integer     CHECK (per_key BETWEEN 1 AND 1000),
+    per_second  float8      CHECK (per_second > 0 AND per_second <= 1000000),
+    burst       integer     CHECK (burst BETWEEN 1 AND 1000000),
+    tokens      float8      CHECK (tokens >= 0 AND tokens <= burst),
+    refilled_at timestamptz CHECK (pg_catalog.isfinite(refilled_at)),
     settling    boolean     NOT NULL DEFAULT false,
     CHECK ((per_second IS NULL) = (burst IS NULL))
 );

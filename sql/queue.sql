@@ -87,9 +87,9 @@ COMMENT ON COLUMN sturdy.queue.workflow IS 'The workflow id.';
 COMMENT ON COLUMN sturdy.queue.visible_at IS
     'When it is due: as schedule, arrive or wake_at last wrote it. take does not move it; the lease is leased_until.';
 COMMENT ON COLUMN sturdy.queue.taken_at IS
-    'When take last leased it; NULL once schedule, arrive or wake_at moved it since.';
+    'When take last leased it; NULL once schedule, arrive or wake_at moved it since (with leased_until set: a wakeup landed on the pass, which done, finish and wake_at then answer false, leaving the row ready).';
 COMMENT ON COLUMN sturdy.queue.leased_until IS
-    'The lease''s end while a taker holds it: take hands it out again only after this. It is the receipt done and wake_at must match; schedule, arrive and wake_at clear it.';
+    'The lease''s end while a taker holds it: take hands it out again only after this (a lease run out is a failed pass, counted by the take or sweep that meets it). It is the receipt done, wake_at, extend and fail must match; a wakeup (schedule, arrive) keeps it, the pass''s end clears it.';
 COMMENT ON COLUMN sturdy.queue.takes IS 'How many times take has handed it out (a row taken again and again is a workflow that keeps failing).';
 COMMENT ON COLUMN sturdy.queue.scheduled_at IS 'When schedule or arrive last wrote it.';
 COMMENT ON COLUMN sturdy.queue.seq IS 'Arrival order, given when the row is inserted: take hands out rows with the same visible_at in this order.';
@@ -109,10 +109,20 @@ COMMENT ON COLUMN sturdy.queue.failed_at IS
 -- each failure up to 1 h, 10% jitter (docs/reference.md, retry_queue).
 CREATE TABLE sturdy.queue_retry (
     queue        text     COLLATE "C" PRIMARY KEY,
-    max_attempts integer  NOT NULL,
+    max_attempts integer  NOT NULL CHECK (max_attempts BETWEEN 1 AND 1000000),
     backoff      interval NOT NULL,
     max_backoff  interval NOT NULL,
-    jitter       float8   NOT NULL
+    -- (NaN is above every number: the upper bound refuses it)
+    jitter       float8   NOT NULL CHECK (jitter >= 0 AND jitter <= 1),
+    -- a wait of no negative part, at most a year (retry_queue's bounds)
+    CHECK (pg_catalog.date_part('epoch', backoff) BETWEEN 0 AND 31536000
+           AND pg_catalog.date_part('year', backoff) >= 0 AND pg_catalog.date_part('month', backoff) >= 0
+           AND pg_catalog.date_part('day', backoff) >= 0 AND pg_catalog.date_part('hour', backoff) >= 0
+           AND pg_catalog.date_part('minute', backoff) >= 0 AND pg_catalog.date_part('second', backoff) >= 0),
+    CHECK (pg_catalog.date_part('epoch', max_backoff) BETWEEN 0 AND 31536000
+           AND pg_catalog.date_part('year', max_backoff) >= 0 AND pg_catalog.date_part('month', max_backoff) >= 0
+           AND pg_catalog.date_part('day', max_backoff) >= 0 AND pg_catalog.date_part('hour', max_backoff) >= 0
+           AND pg_catalog.date_part('minute', max_backoff) >= 0 AND pg_catalog.date_part('second', max_backoff) >= 0)
 ) WITH (vacuum_truncate = false);
 SELECT pg_catalog.pg_extension_config_dump('sturdy.queue_retry', '');
 COMMENT ON TABLE sturdy.queue_retry IS
@@ -165,12 +175,14 @@ SELECT pg_catalog.nextval('sturdy.queue_idle');
 CREATE TABLE sturdy.queue_limits (
     queue       text        COLLATE "C" PRIMARY KEY,
     paused      boolean     NOT NULL DEFAULT false,
-    running     integer     CHECK (running > 0),
-    per_key     integer     CHECK (per_key > 0),
-    per_second  float8      CHECK (per_second > 0 AND per_second < 'infinity'),
-    burst       integer     CHECK (burst > 0),
-    tokens      float8,
-    refilled_at timestamptz,
+    -- limit_queue's bounds (NaN is above every number: the upper bounds
+    -- refuse it)
+    running     integer     CHECK (running BETWEEN 1 AND 10000),
+    per_key     integer     CHECK (per_key BETWEEN 1 AND 1000),
+    per_second  float8      CHECK (per_second > 0 AND per_second <= 1000000),
+    burst       integer     CHECK (burst BETWEEN 1 AND 1000000),
+    tokens      float8      CHECK (tokens >= 0 AND tokens <= burst),
+    refilled_at timestamptz CHECK (pg_catalog.isfinite(refilled_at)),
     settling    boolean     NOT NULL DEFAULT false,
     CHECK ((per_second IS NULL) = (burst IS NULL))
 ) WITH (vacuum_truncate = false);

@@ -112,6 +112,7 @@ impl StepRecord {
             insert_only: &[],
             only_if: None,
             increment: None,
+            skip_locked: false,
         }
     }
 
@@ -140,6 +141,7 @@ impl StepRecord {
             fill: &[],
             only_if: None,
             increment: None,
+            skip_locked: false,
         }
     }
 

@@ -235,6 +235,13 @@ static FENCE_OUT: Placed = Placed {
     },
 };
 
+/// Lock `workflow`'s claim row, where there is one, as `SELECT ... FOR
+/// UPDATE` does: `cancel` and `fail` lock the claim before the queue row,
+/// the order of every call on a pass (docs/internals.md, "Lock order").
+pub(crate) fn lock(workflow: Name) -> Result<()> {
+    run_one(FENCE.get(), &[workflow.into()], |_| Ok(()))
+}
+
 /// Fence out whoever holds `workflow`'s claim, live or lapsed: its token
 /// is no longer the current one (a pass cancelled under its worker).
 pub(crate) fn fence_out(workflow: Name) -> Result<()> {
@@ -324,7 +331,7 @@ pub fn fence_current(workflow: Name, token: i64) -> Result<()> {
 /// claim of the row it leased (the lease and the claim end together, both
 /// `now() + lease`).
 pub fn claim_for(workflow: Name, lease: Interval) -> Result<Option<i64>> {
-    if let Some(token) = claim_here(workflow, lease, None)? {
+    if let Some(token) = claim_here(workflow, lease, None, true)? {
         return Ok(token);
     }
     run_one(
@@ -352,7 +359,7 @@ fn claim(
     let workflow = args::name("workflow", workflow)?;
     let lease = args::lease("lease", lease)?;
     let owner = args::optional_name("owner", owner)?;
-    if let Some(token) = claim_here(workflow, lease, owner)? {
+    if let Some(token) = claim_here(workflow, lease, owner, false)? {
         return Ok(token);
     }
     let owner = owner.map_or_else(null::<Text>, Into::into);
@@ -368,7 +375,19 @@ fn claim(
 /// statement would: the new token, or `None` where the lease is live (the
 /// row kept, and locked, as `DO UPDATE ... WHERE` leaves it). `None` outside:
 /// nothing done, the statement's turn.
-fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Option<Option<i64>>> {
+///
+/// `skip_locked` (a take's claim): a claim row another transaction holds
+/// locked is held, `None`, without waiting for it. The take holds the rows
+/// it leased, and every other call on a pass locks the claim before the row
+/// (docs/internals.md, "Lock order"): a stale worker's transaction that
+/// wrote under its claim and then ends its row would wait for the take,
+/// which would wait for it.
+fn claim_here(
+    workflow: Name,
+    lease: Interval,
+    owner: Option<Name>,
+    skip_locked: bool,
+) -> Result<Option<Option<i64>>> {
     let Some(w) = workflow.into_datum() else {
         return Ok(None);
     };
@@ -411,6 +430,7 @@ fn claim_here(workflow: Name, lease: Interval, owner: Option<Name>) -> Result<Op
             insert_only: &[],
             only_if: Some((C_HELD_UNTIL, now)),
             increment: Some(C_TOKEN),
+            skip_locked,
         })
     })?;
     Ok(upserted.map(|done| match done {

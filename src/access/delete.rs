@@ -7,7 +7,7 @@ impl Opened {
     /// [`Opened::delete_if`] for a row version this backend knows the place
     /// of, `tid` (the one its last take wrote): where our snapshot sees the
     /// version there and it is the row `key` names, with `check` equal to
-    /// `equals`, it is deleted without a look through the primary key (whose
+    /// `equals` and `present` not NULL, it is deleted without a look through the primary key (whose
     /// pages, for random keys, are the ones a `done` would otherwise touch
     /// cold). `Some(true)` when it went; `None` in every other case, with
     /// nothing done: a version since changed, moved on or gone, another row
@@ -18,10 +18,10 @@ impl Opened {
         tid: pg_sys::ItemPointerData,
         seen: Invalidations,
         key: &[(Col, pg_sys::Datum)],
-        check: Col,
-        equals: pg_sys::TimestampTz,
+        (check, equals): (Col, pg_sys::TimestampTz),
+        present: Col,
     ) -> Result<Option<bool>> {
-        if !self.may_delete_by(key, check) {
+        if !self.may_delete_by(key, check, present) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -43,7 +43,7 @@ impl Opened {
                 slot,
                 key,
                 (check, equals),
-            );
+            ) && timestamptz(slot, shape.attnums[present.0]).is_some();
             let outcome = if fits {
                 let result = delete_version(rel.0, &mut at, cid, snapshot);
                 match changed_since_snapshot(result) {
@@ -67,29 +67,36 @@ impl Opened {
 
     /// Whether [`Opened::delete_if`] (or [`Opened::delete_at_if`]) can be
     /// done here for `key`.
-    pub(super) fn may_delete_by(&self, key: &[(Col, pg_sys::Datum)], check: Col) -> bool {
-        cols_of(key).is_some_and(|(cols, n)| self.can_delete_if(&cols[..n], check))
+    pub(super) fn may_delete_by(
+        &self,
+        key: &[(Col, pg_sys::Datum)],
+        check: Col,
+        present: Col,
+    ) -> bool {
+        cols_of(key).is_some_and(|(cols, n)| self.can_delete_if(&cols[..n], check, present))
     }
 
     /// Whether [`Opened::delete_if`] can be done here, by a key of `cols`.
-    pub fn can_delete_if(&self, cols: &[Col], check: Col) -> bool {
+    pub fn can_delete_if(&self, cols: &[Col], check: Col, present: Col) -> bool {
         self.may(pg_sys::ACL_DELETE)
             && self.keyed_by(cols)
             && self.shape.types[check.0] == pg_sys::TIMESTAMPTZOID
+            && self.shape.types[present.0] == pg_sys::TIMESTAMPTZOID
     }
 
     /// Delete the row whose primary key is `key` (`text` columns, in the
     /// primary key's order) if its `timestamptz` column `check` equals
-    /// `equals`: whether a row went. `None` when it cannot be done here (see
+    /// `equals` and its `timestamptz` column `present` is not NULL: whether
+    /// a row went. `None` when it cannot be done here (see
     /// the module comment): nothing was done, and the caller runs its
     /// statement.
     pub fn delete_if(
         &self,
         key: &[(Col, pg_sys::Datum)],
-        check: Col,
-        equals: pg_sys::TimestampTz,
+        (check, equals): (Col, pg_sys::TimestampTz),
+        present: Col,
     ) -> Result<Option<bool>> {
-        if !self.may_delete_by(key, check) {
+        if !self.may_delete_by(key, check, present) {
             return Ok(None);
         }
         let (rel, shape) = (&self.rel, &self.shape);
@@ -105,7 +112,7 @@ impl Opened {
             pg_sys::CommandCounterIncrement();
             let cid = pg_sys::GetCurrentCommandId(true);
             let slot = pg_sys::table_slot_create(rel.0, std::ptr::null_mut());
-            let check = shape.attnums[check.0];
+            let (check, present) = (shape.attnums[check.0], shape.attnums[present.0]);
             let outcome = loop {
                 pg_sys::check_for_interrupts!();
                 let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
@@ -117,6 +124,7 @@ impl Opened {
                     pg_sys::ScanDirection::ForwardScanDirection,
                     slot,
                 ) && timestamptz(slot, check) == Some(equals)
+                    && timestamptz(slot, present).is_some()
                 {
                     found = Some((*slot).tts_tid);
                 }

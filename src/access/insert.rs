@@ -282,7 +282,11 @@ unsafe fn on_conflict(
             existing,
             cid,
             pg_sys::LockTupleMode::LockTupleNoKeyExclusive,
-            pg_sys::LockWaitPolicy::LockWaitBlock,
+            if u.skip_locked {
+                pg_sys::LockWaitPolicy::LockWaitSkip
+            } else {
+                pg_sys::LockWaitPolicy::LockWaitBlock
+            },
             0,
         );
         if let Some(e) = changed_since_snapshot(result) {
@@ -290,6 +294,7 @@ unsafe fn on_conflict(
         }
         match result {
             pg_sys::TM_Result::TM_Ok => {}
+            pg_sys::TM_Result::TM_WouldBlock => return Ok(Some((Upserted::Kept, None))),
             pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted => return Ok(None),
             other => return Err(unexpected("table_tuple_lock", other)),
         }

@@ -244,6 +244,10 @@ pub struct Upsert<'a> {
     /// A `bigint` column the update sets to the row's own plus one (`col =
     /// col + 1`), not to its value in `set` (which the insert gives it).
     pub increment: Option<Col>,
+    /// A row there that another transaction holds locked is kept as it is,
+    /// not waited for, as `FOR UPDATE SKIP LOCKED` passes over it
+    /// ([`Upserted::Kept`], unlocked).
+    pub skip_locked: bool,
 }
 
 /// What [`Opened::upsert`] did.

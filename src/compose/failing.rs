@@ -16,7 +16,7 @@ use crate::workflow;
     "sturdy.fail(workflow text, receipt timestamptz, error text, queue text DEFAULT 'default',
                  retry_at timestamptz DEFAULT NULL, code text DEFAULT NULL)
      RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue's backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). The pass is over: the workflow's claim is fenced (the failed pass's writes raise SD001; the retry claims at once). False, and nothing written, for a stale receipt."
+    comment = "The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue's backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). The pass is over: the workflow's claim is fenced (the failed pass's writes raise SD001; the retry claims at once). False for a stale receipt: nothing counted, and the place the receipt held freed, as done frees it."
 )]
 fn fail(
     workflow: Option<Text>,
@@ -53,6 +53,10 @@ fn fail(
             hint: "Pass a SQLSTATE-like code such as 40001 or the error's own, or NULL.",
         });
     }
+    // the claim, then the row and its places: the lock order of every call
+    // on a pass (a worker's transaction writes under its claim, then ends
+    // its row)
+    claim::lock(workflow)?;
     match queue::fail_pass(workflow, receipt, error, queue, retry_at, code)? {
         None => Ok(false),
         Some(dead) => {
@@ -70,19 +74,21 @@ fn fail(
 
 #[sql_function(
     "sturdy.cancel(workflow text, queue text DEFAULT 'default') RETURNS boolean VOLATILE PARALLEL UNSAFE",
-    comment = "Remove the workflow's row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim's token fenced (its writes raise SD001). False when there is no such row."
+    comment = "Remove the workflow's row from queue, whether waiting, sleeping, failing, dead or in a pass, and fence the workflow's claim: any pass still running (its writes raise SD001; its done and wake_at answer false) and every place it holds in the queue's limits is free at once. False, and nothing done, when there is no such row."
 )]
 fn cancel(workflow: Option<Text>, queue: Option<Text>) -> Result<bool> {
     let workflow = args::name("workflow", workflow)?;
     let queue = args::name("queue", queue)?;
+    // the claim, then the row and its places: the lock order of every call
+    // on a pass (the pass's own transaction may hold its claim, and then
+    // end its row)
+    claim::lock(workflow)?;
     match queue::cancel_row(workflow, queue)? {
         None => Ok(false),
-        Some(taken) => {
-            if taken {
-                // the pass that took it (running, or its lease run out and
-                // its worker perhaps alive) writes nothing more
-                claim::fence_out(workflow)?;
-            }
+        Some(_) => {
+            // whatever pass may still run (leased, woken, or its lapse
+            // counted with its worker alive) writes nothing more
+            claim::fence_out(workflow)?;
             Ok(true)
         }
     }

@@ -14,14 +14,16 @@ use crate::plan::{Statement, first_value, null, run_one};
 use crate::queue;
 use crate::workflow::{TERMINAL, parse_status};
 
-/// All of `finish` in one statement. `fence` locks the claim row (a takeover
+/// `finish`'s claim part in one statement, before its row and places
+/// (`finish`: claim, row, places, the lock order of every call on a pass).
+/// `fence` locks the claim row (a takeover
 /// in flight makes it wait, and it then reads the new token) and `inst` the
 /// instance when a status is asked for; `go` has its one row only when the
 /// token is current and the instance may move, and every write is
 /// conditioned on it, so a refused finish writes nothing. Then the step
-/// (first writer wins), the move, the release, and the receipt-ruled delete.
-/// Returns the current token and the instance's status (for the error when
-/// refused) and whether the queue row went.
+/// (first writer wins), the move and the release. Returns the current
+/// token and the instance's status, for the error when refused. (`$3` and
+/// `$7`, the receipt and the queue, are the row's, ended after.)
 ///
 /// The release finds the claim by key, not by the tuple id `fence` locked:
 /// when `fence` waited for a concurrent write to the claim (a `renew` from
@@ -50,15 +52,9 @@ macro_rules! finish {
               UPDATE sturdy.claims SET held_until = pg_catalog.now()
                WHERE workflow OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $2
                  AND held_until OPERATOR(pg_catalog.>) pg_catalog.now() AND EXISTS (SELECT FROM go)
-              RETURNING 1),
-          finished AS (
-              DELETE FROM sturdy.queue
-               WHERE queue OPERATOR(pg_catalog.=) $7 AND workflow OPERATOR(pg_catalog.=) $1
-                 AND leased_until OPERATOR(pg_catalog.=) $3 AND EXISTS (SELECT FROM go)
               RETURNING 1)
           SELECT (SELECT token FROM fence), ",
-            finish_part!(status, $moves),
-            ", EXISTS (SELECT FROM finished)"
+            finish_part!(status, $moves)
         )
     };
 }
@@ -175,16 +171,14 @@ static STEP_MOVE: Statement = Statement {
     generic: false,
 };
 
-/// `finish` in steps (see [`STEP_INSTANCE`]): whether the queue row went.
+/// `finish`'s claim part in steps (see [`STEP_INSTANCE`]).
 fn finish_in_steps(
     workflow: Name,
     token: i64,
-    receipt: TimestampWithTimeZone,
     step: Option<(Name, Jsonb)>,
     to: Option<&'static str>,
-    queue: Name,
     error: Option<Text>,
-) -> Result<bool> {
+) -> Result<()> {
     claim::fence_current(workflow, token)?;
     if let Some(to) = to {
         let now: Option<String> = run_one(&STEP_INSTANCE, &[workflow.into()], first_value)?;
@@ -204,7 +198,7 @@ fn finish_in_steps(
         run_one(&STEP_MOVE, &[workflow.into(), to.into(), error], |_| Ok(()))?;
     }
     claim::release_current(workflow, token)?;
-    queue::remove_done(workflow, receipt, queue)
+    Ok(())
 }
 
 #[sql_function(
@@ -236,55 +230,56 @@ fn finish(
         .map(|s| parse_status("status", Some(s)))
         .transpose()?;
     let queue = args::name("queue", queue)?;
-    // the pass's places freed while its row is there (its key finds them);
-    // a stale token's error below undoes it with the rest
-    let limited = queue::ended(queue, workflow, receipt)?;
-    let removed = finish_ended(workflow, token, receipt, step, value, to, queue, error)?;
+    // Every call on a pass locks its claim, then its row, then its places
+    // (docs/internals.md, "Lock order"): the claim's part first (a stale
+    // token's SD001 before anything is written), then the row's end
+    // (done's), then its places, found by what was read of the row before.
+    let ending = queue::ending(queue, workflow, receipt)?;
+    finish_claimed(workflow, token, step, value, to, error)?;
+    let removed = queue::remove_done(workflow, receipt, queue)?;
+    let limited = ending.free(queue, workflow, receipt)?;
     // last: the place freed wakes a take it held back
     queue::freed(queue, limited)?;
     Ok(removed)
 }
 
-/// `finish`'s work once the pass's places are freed.
-#[allow(clippy::too_many_arguments)]
-fn finish_ended(
+/// `finish`'s part on the claim, the step and the instance, before the
+/// pass's row and places: SD001 for a stale token, SD002 for a terminal
+/// instance, with nothing written.
+fn finish_claimed(
     workflow: Name,
     token: i64,
-    receipt: TimestampWithTimeZone,
     step: Option<Name>,
     value: Option<Jsonb>,
     to: Option<&'static str>,
-    queue: Name,
     error: Option<Text>,
-) -> Result<bool> {
+) -> Result<()> {
     if to.is_none()
-        && let Some((current, removed)) =
-            finish_here(workflow, token, receipt, step.zip(value), queue)?
+        && let Some(current) = finish_here(workflow, token, step.zip(value))?
     {
-        claim::check_token(workflow, token, current)?;
-        return Ok(removed);
+        return claim::check_token(workflow, token, current);
     }
     if crate::scaleout::distributed() {
-        return finish_in_steps(workflow, token, receipt, step.zip(value), to, queue, error);
+        return finish_in_steps(workflow, token, step.zip(value), to, error);
     }
     let statement = &FINISH[usize::from(to.is_some())][usize::from(step.is_some())];
     let step = step.map_or_else(null::<Text>, Into::into);
     let value = value.map_or_else(null::<Jsonb>, Into::into);
     let to_arg = to.map_or_else(null::<Text>, Into::into);
     let error = error.map_or_else(null::<Text>, Into::into);
-    let (current, instance_status, removed) = run_one(
+    let (current, instance_status) = run_one(
         statement,
         &[
             workflow.into(),
             token.into(),
-            receipt.into(),
+            null::<TimestampWithTimeZone>(),
             step,
             value,
             to_arg,
-            queue.into(),
+            null::<Text>(),
             error,
         ],
-        |t| Ok(t.first().get_three::<i64, String, bool>()?),
+        |t| Ok(t.first().get_two::<i64, String>()?),
     )?;
     claim::check_token(workflow, token, current)?;
     if let (Some(to), Some(now)) = (to, instance_status.as_deref())
@@ -296,7 +291,7 @@ fn finish_ended(
             to: to.into(),
         });
     }
-    Ok(removed.unwrap_or(false))
+    Ok(())
 }
 
 /// `finish` for a pass that leaves the instance alone (no status), without
@@ -311,10 +306,8 @@ fn finish_ended(
 fn finish_here(
     workflow: Name,
     token: i64,
-    receipt: TimestampWithTimeZone,
     step: Option<(Name, Jsonb)>,
-    queue: Name,
-) -> Result<Option<(Option<i64>, bool)>> {
+) -> Result<Option<Option<i64>>> {
     let Some(w) = workflow.into_datum() else {
         return Ok(None);
     };
@@ -323,9 +316,6 @@ fn finish_here(
         step.map(|(step, value)| checkpoint::StepRecord::new(workflow, w, step, value, token));
     // every part checked before anything is locked or written
     let Some(fence) = claim::Fence::open(workflow, true) else {
-        return Ok(None);
-    };
-    let Some(rows) = queue::Removal::open(queue) else {
         return Ok(None);
     };
     let checkpoints = match &record {
@@ -340,7 +330,7 @@ fn finish_here(
     };
     let Some(held) = held.filter(|_| current == Some(token)) else {
         // stale: nothing written (the caller raises)
-        return Ok(Some((current, false)));
+        return Ok(Some(current));
     };
     // None of what follows should fall to the statement after the checks
     // above; if one did, the statement would find the parts done here done
@@ -354,7 +344,5 @@ fn finish_here(
         return Ok(None);
     }
     drop(held);
-    Ok(rows
-        .remove(queue, workflow, receipt)?
-        .map(|removed| (current, removed)))
+    Ok(Some(current))
 }

@@ -54,6 +54,9 @@ fn arrive(
     let step = args::name("step", step)?;
     let value = args::required("value", value)?;
     let queue = args::name("queue", queue)?;
+    // the step, then the row: the lock order of every call on a pass
+    // (docs/internals.md, "Lock order"); a dead row stays dead, the value
+    // recorded all the same
     let stored = checkpoint::supply_value(workflow, step, value)?;
     queue::schedule_at(workflow, pgrx::datum::now(), queue, None)?;
     Ok(stored)

@@ -2,35 +2,6 @@
 
 use super::*;
 
-/// The queue opened to remove taken rows without a statement, as `done`
-/// removes them (`finish`'s last part).
-pub(crate) struct Removal(access::Opened);
-
-impl Removal {
-    /// `None` where `access` cannot delete by the receipt rule here.
-    pub(crate) fn open(queue: Name) -> Option<Removal> {
-        QUEUE
-            .opened(&[pg_sys::ACL_DELETE], queue.bytes())
-            .filter(|rows| rows.can_delete_if(&[Q_QUEUE, Q_WORKFLOW], Q_LEASED_UNTIL))
-            .map(Removal)
-    }
-
-    /// `workflow`'s row of `queue` removed if its receipt is `receipt`, as
-    /// `done` removes it: whether it went; `None` where it cannot be done
-    /// here, with nothing done.
-    pub(crate) fn remove(
-        &self,
-        queue: Name,
-        workflow: Name,
-        receipt: TimestampWithTimeZone,
-    ) -> Result<Option<bool>> {
-        let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum()) else {
-            return Ok(None);
-        };
-        delete_done(&self.0, queue, workflow, (q, w), receipt.into())
-    }
-}
-
 #[sql_function(
     "sturdy.done(workflow text, receipt timestamptz, queue text DEFAULT 'default')
      RETURNS boolean VOLATILE PARALLEL UNSAFE",
@@ -44,16 +15,58 @@ pub(super) fn done(
     let workflow = args::name("workflow", workflow)?;
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
-    // (first: the row's key finds its place)
-    let limited = limits::ended(queue, workflow, receipt)?;
+    // the row, then its places (what finds them read first)
+    let ending = limits::ending(queue, workflow, receipt)?;
     let removed = remove(workflow, receipt, queue)?;
+    let limited = ending.free(queue, workflow, receipt)?;
     limits::freed(queue, limited)?;
     Ok(removed)
 }
 
-/// `done`'s removal of the row: whether it went (`finish` in steps under
-/// Citus removes its row with it).
+/// `done`'s end of the pass's row: removed where the receipt holds it and
+/// no wakeup landed during the pass (whether it went); where one did, the
+/// row stays, its lease cleared, ready at the wakeup's time ([`WOKEN`]).
+/// `finish` ends its row here too.
 pub(crate) fn remove(workflow: Name, receipt: TimestampWithTimeZone, queue: Name) -> Result<bool> {
+    if remove_taken(workflow, receipt, queue)? {
+        return Ok(true);
+    }
+    end_woken(workflow, receipt, queue)?;
+    Ok(false)
+}
+
+/// The lease of a pass that a wakeup landed on cleared, for the pass's end
+/// (`done`, `finish`, `wake_at`): the row is ready at the wakeup's time,
+/// and a take that passed that time looks from the start again. Whether
+/// the receipt held such a row.
+pub(super) fn end_woken(
+    workflow: Name,
+    receipt: TimestampWithTimeZone,
+    queue: Name,
+) -> Result<bool> {
+    if !schema::current() {
+        return Ok(false); // 0.1.0's wakeup replaced the lease
+    }
+    let visible = run_one(
+        &WOKEN,
+        &[workflow.into(), receipt.into(), queue.into()],
+        first_value::<TimestampWithTimeZone>,
+    )?;
+    let Some(visible) = visible else {
+        return Ok(false);
+    };
+    let now = pgrx::datum::now();
+    if visible < now {
+        placed::backdated(queue.bytes())?;
+    }
+    if visible <= now {
+        wake_if_waited(queue)?;
+    }
+    Ok(true)
+}
+
+/// [`DONE`]'s delete: whether the row went.
+fn remove_taken(workflow: Name, receipt: TimestampWithTimeZone, queue: Name) -> Result<bool> {
     // [`DONE`]'s work, without the statement, where nothing it would do is
     // skipped that way (see `access`)
     if let (Some(q), Some(w)) = (queue.into_datum(), workflow.into_datum())
@@ -95,13 +108,13 @@ pub(super) fn delete_done(
         Some((kept.tid, kept.seen))
     });
     if let Some((tid, seen)) = taken
-        && table.delete_at_if(tid, seen, &key, Q_LEASED_UNTIL, receipt)? == Some(true)
+        && table.delete_at_if(tid, seen, &key, (Q_LEASED_UNTIL, receipt), Q_TAKEN_AT)? == Some(true)
     {
         #[cfg(any(test, feature = "pg_test"))]
         ONE_BY_TID.with(|n| n.set(n.get() + 1));
         return Ok(Some(true));
     }
-    table.delete_if(&key, Q_LEASED_UNTIL, receipt)
+    table.delete_if(&key, (Q_LEASED_UNTIL, receipt), Q_TAKEN_AT)
 }
 
 #[sql_function(
@@ -154,9 +167,27 @@ pub(super) fn done_many(
     if pairs == 0 {
         return Ok(0);
     }
-    // (first: the rows' keys find their places)
-    let limited = limits::ended_many(queue, workflows, receipts)?;
+    // the rows, then their places (what finds them read first)
+    let ending = limits::ending_many(queue, workflows)?;
     let removed = remove_many(workflows, receipts, queue, pairs)?;
+    if removed < pairs && schema::current() {
+        // passes a wakeup landed on: their rows stay, ready
+        let woken = plan::run_rows(
+            &WOKEN_MANY,
+            &[workflows.into(), receipts.into(), queue.into()],
+            |r| Ok((0..r.len()).filter_map(|i| r.timestamptz(i, 1)).min()),
+        )?;
+        if let Some(earliest) = woken {
+            let now = pg_sys::TimestampTz::from(pgrx::datum::now());
+            if earliest < now {
+                placed::backdated(queue.bytes())?;
+            }
+            if earliest <= now {
+                wake_if_waited(queue)?;
+            }
+        }
+    }
+    let limited = ending.free_many(queue, workflows, receipts)?;
     limits::freed(queue, limited)?;
     Ok(removed)
 }

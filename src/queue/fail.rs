@@ -117,13 +117,14 @@ pub(super) fn note_lapsed(r: &plan::Rows, col: usize) {
 }
 
 /// Count the failure of each row whose lease ran out that the last take
-/// statement met (and holds locked): as `fail` counts one, from the lease's
+/// statement met (and holds locked), answering how many it met: as `fail` counts one, from the lease's
 /// end, with the error [`LAPSED`]. A row whose backoff is over by now is
 /// ready again at once, at the time its backoff ended (the statement, run
 /// again, leases it as the next attempt); one whose count reaches the
 /// queue's `max_attempts` is dead, its workflow kept for [`take_died`].
-pub(super) fn count_lapsed(queue: Name) -> Result<()> {
+pub(super) fn count_lapsed(queue: Name) -> Result<usize> {
     let met = LAPSED_MET.with(|l| std::mem::take(&mut *l.borrow_mut()));
+    let counted = met.len();
     for (workflow, lease_end) in met {
         let (Ok(receipt), Ok(w)) = (
             TimestampWithTimeZone::try_from(lease_end),
@@ -135,7 +136,7 @@ pub(super) fn count_lapsed(queue: Name) -> Result<()> {
             DIED.with(|d| d.borrow_mut().push(workflow));
         }
     }
-    Ok(())
+    Ok(counted)
 }
 
 /// The failure of a pass whose lease (`receipt`) ran out, counted as
@@ -243,22 +244,23 @@ fn fail_at(
             Ok(Some((!visible.is_finite(), visible <= now, visible < now)))
         },
     )?;
-    let Some((dead, ready, past)) = outcome else {
-        return Ok(None);
+    // the pass ends here, whether or not its receipt still held the row (as
+    // `done` and `wake_at` end it): its place goes back to the queue, after
+    // the row (a lapsed pass's place is free already: its receipt passed)
+    let limited = match since {
+        None => limits::ended(queue, workflow, receipt)?,
+        Some(_) => false,
     };
-    if past {
-        placed::backdated(queue.bytes())?;
+    if let Some((_, ready, past)) = outcome {
+        if past {
+            placed::backdated(queue.bytes())?;
+        }
+        if ready {
+            wake_if_waited(queue)?;
+        }
     }
-    if ready {
-        wake_if_waited(queue)?;
-    }
-    // the pass ends here: its place goes back to the queue (a lapsed
-    // pass's place is free already: its receipt has passed)
-    if since.is_none() {
-        let limited = limits::ended(queue, workflow, receipt)?;
-        limits::freed(queue, limited)?;
-    }
-    Ok(Some(dead))
+    limits::freed(queue, limited)?;
+    Ok(outcome.map(|(dead, ..)| dead))
 }
 
 /// Set the queue's policy; none is kept where it is the default.
@@ -429,11 +431,11 @@ static CANCEL: Statement = Statement {
 };
 
 /// `cancel`'s part on the queue (its arguments checked by the caller,
-/// `compose`'s `cancel`): the row removed, whatever it was doing, and the
-/// place of a pass under way freed. `None` where there is no such row;
-/// else whether a take had leased it since it was last scheduled (a pass
-/// running, or one whose lease ran out, its worker perhaps alive), whose
-/// claim the caller fences.
+/// `compose`'s `cancel`): the row locked and removed, whatever it was
+/// doing, and every place the workflow holds there freed. `None` where
+/// there is no such row; else whether it had a lease (a pass running, woken,
+/// or run out and not yet counted). The caller fences the claim whenever a
+/// row went: a pass whose lapse was counted may still run.
 pub(crate) fn cancel_row(workflow: Name, queue: Name) -> Result<Option<bool>> {
     let leased = run_one(&CANCELLING, &[workflow.into(), queue.into()], |t| {
         if t.is_empty() {
@@ -444,11 +446,11 @@ pub(crate) fn cancel_row(workflow: Name, queue: Name) -> Result<Option<bool>> {
     let Some(leased) = leased else {
         return Ok(None);
     };
-    // (while the row is there: its key finds a pass's place)
-    let limited = match leased {
-        Some(receipt) => limits::ended(queue, workflow, receipt)?,
-        None => false,
-    };
+    // every place the workflow holds in the queue, whatever its receipt:
+    // a pass whose lease was counted (or moved on) may still run, and
+    // holds its place until its old receipt passes (while the row is
+    // there: its key finds a key's place)
+    let limited = limits::abandoned(queue, workflow)?;
     run_one(&CANCEL, &[workflow.into(), queue.into()], |_| Ok(()))?;
     limits::freed(queue, limited)?;
     Ok(Some(leased.is_some()))

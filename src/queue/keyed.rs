@@ -338,7 +338,8 @@ pub(super) fn take_from(
     }
     // a run that made places or missed rows is run again: the places it
     // made are there for the next, the rows it missed are locked by it
-    for _ in 0..TAKE_ATTEMPTS {
+    let mut runs = Runs::default();
+    loop {
         let stmt = if max - taken.rows == 1 {
             &TAKE_KEYED_ONE
         } else {
@@ -370,7 +371,7 @@ pub(super) fn take_from(
             },
         )?;
         hand.out(call, &leased, lease)?;
-        count_lapsed(queue)?;
+        let lapsed = count_lapsed(queue)?;
         taken.rows += leased.len();
         taken.oldest = earlier(taken.oldest, head);
         if !placeless.is_empty() {
@@ -378,7 +379,7 @@ pub(super) fn take_from(
         } else if !missed {
             break;
         }
-        if taken.rows >= max {
+        if taken.rows >= max || !runs.again(lapsed) {
             break;
         }
     }

@@ -81,12 +81,12 @@ mod tests {
     include!("fail_tests.rs");
 }
 
-pub(crate) use done::{Removal, remove as remove_done};
+pub(crate) use done::remove as remove_done;
 pub(crate) use fail::{LAPSED, cancel_row, fail_pass, sweep_failing, take_died};
 use fail::{count_lapsed, note_lapsed};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
-pub(crate) use limits::{ended, freed};
+pub(crate) use limits::{ended, ending, freed};
 pub use schedule::schedule_at;
 use sql::*;
 use take::*;
@@ -123,6 +123,10 @@ const Q_SCHEDULED_AT: access::Col = access::Col(7);
 const Q_PRIORITY: access::Col = access::Col(8);
 const Q_KEY: access::Col = access::Col(9);
 const Q_ATTEMPTS: access::Col = access::Col(10);
+
+/// The last finite `timestamptz`: `'infinity'` (a dead row's `visible_at`,
+/// `fail.rs`) is past it, and no schedule or `wake_at` may write it.
+const LAST_FINITE: pg_sys::TimestampTz = i64::MAX - 1;
 
 static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
     queue: Q_QUEUE,

@@ -212,7 +212,8 @@ pub(super) fn take(
     }
     let due = pgrx::datum::now();
     let mut handed = 0;
-    for _ in 0..TAKE_ATTEMPTS {
+    let mut runs = Runs::default();
+    loop {
         let (leased, missed, any) = plan::run_rows(
             &TAKE_PRIORITIZED,
             &[
@@ -233,9 +234,9 @@ pub(super) fn take(
         )?;
         found(queue, mark, any);
         hand.out(call, &leased, lease)?;
-        count_lapsed(queue)?;
+        let lapsed = count_lapsed(queue)?;
         handed += leased.len();
-        if !missed || handed >= max {
+        if !missed || handed >= max || !runs.again(lapsed) {
             break;
         }
     }

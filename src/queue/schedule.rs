@@ -47,7 +47,6 @@ pub fn schedule_at(
                         Some(pg_sys::Datum::from(at)),
                     ),
                     (Q_TAKEN_AT, pg_sys::TIMESTAMPTZOID, None),
-                    (Q_LEASED_UNTIL, pg_sys::TIMESTAMPTZOID, None),
                     (
                         Q_SCHEDULED_AT,
                         pg_sys::TIMESTAMPTZOID,
@@ -59,7 +58,7 @@ pub fn schedule_at(
                 // placed by the schedule, or (arrive, start) on insert only
                 let (set, insert_only) = match placing {
                     Some(_) => (&set[..], &[][..]),
-                    None => (&set[..4], &placed[..]),
+                    None => (&set[..3], &placed[..]),
                 };
                 table.upsert(&access::Upsert {
                     key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
@@ -69,15 +68,21 @@ pub fn schedule_at(
                         (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
                     ],
                     insert_only,
-                    only_if: None,
+                    // a dead row is left as it is (see `DEAD`)
+                    only_if: Some((Q_VISIBLE_AT, LAST_FINITE)),
                     increment: None,
+                    skip_locked: false,
                 })
             },
         )?,
         _ => None,
     };
+    if upserted == Some(access::Upserted::Kept) {
+        // dead: only redrive (or cancel) moves it
+        return Ok(());
+    }
     if upserted.is_none() {
-        match placing {
+        let changed = match placing {
             Some(p) if schema::current() => run_one(
                 &SCHEDULE_PLACED,
                 &[
@@ -87,13 +92,16 @@ pub fn schedule_at(
                     p.priority.into(),
                     p.key.map_or_else(plan::null::<Text>, Into::into),
                 ],
-                |_| Ok(()),
+                |t| Ok(!t.is_empty()),
             )?,
             _ => run_one(
                 schema::pick(&SCHEDULE, &schema::SCHEDULE_RELEASED),
                 &[workflow.into(), visible_at.into(), queue.into()],
-                |_| Ok(()),
+                |t| Ok(!t.is_empty()),
             )?,
+        };
+        if !changed {
+            return Ok(());
         }
     }
     if priority > 0 {
@@ -108,11 +116,26 @@ pub fn schedule_at(
     Ok(())
 }
 
+/// A time a row may be made visible at: anything but `'infinity'`, which
+/// is a dead row's alone (`fail.rs`): a row parked there by a schedule
+/// would be taken for dead, counted, redriven and swept as one. A park
+/// with no deadline is a time far ahead, which an `arrive` ends.
+fn finite(arg: &'static str, at: TimestampWithTimeZone) -> Result<TimestampWithTimeZone> {
+    if pg_sys::TimestampTz::from(at) > LAST_FINITE {
+        return Err(Error::Invalid {
+            arg,
+            why: "must be a finite time: 'infinity' marks a dead row".into(),
+            hint: "To sleep until an event arrives, park the workflow at a time far ahead, e.g. now() + interval '100 years': arrive or schedule wakes it sooner.",
+        });
+    }
+    Ok(at)
+}
+
 #[sql_function(
     "sturdy.schedule(workflow text, visible_at timestamptz DEFAULT now(), queue text DEFAULT 'default',
                      priority integer DEFAULT 0, key text DEFAULT NULL)
      RETURNS void VOLATILE PARALLEL UNSAFE",
-    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done), at priority (take hands out higher first; 0 or above) and in the group key for the queue's per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit."
+    comment = "Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, keeping its lease, so the wakeup survives its done; a dead row stays dead; 'infinity' is refused), at priority (take hands out higher first; 0 or above) and in the group key for the queue's per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit."
 )]
 fn schedule(
     call: &Args,
@@ -123,7 +146,7 @@ fn schedule(
     key: Option<Text>,
 ) -> Result<()> {
     let workflow = args::name("workflow", workflow)?;
-    let visible_at = args::required("visible_at", visible_at)?;
+    let visible_at = finite("visible_at", args::required("visible_at", visible_at)?)?;
     let queue = args::name("queue", queue)?;
     // (0.1.0's schedule has neither: served until ALTER EXTENSION UPDATE)
     let priority = if call.given(3) {
@@ -168,7 +191,7 @@ fn wake_at(
 ) -> Result<bool> {
     let workflow = args::name("workflow", workflow)?;
     let receipt = args::required("receipt", receipt)?;
-    let at = args::required("at", at)?;
+    let at = finite("at", args::required("at", at)?)?;
     let queue = args::name("queue", queue)?;
     let moved = run_one(
         schema::pick(&WAKE_AT, &schema::WAKE_AT_RELEASED),
@@ -188,7 +211,12 @@ fn wake_at(
     if moved == Some(true) {
         wake(queue)?;
     }
+    if moved.is_none() {
+        // a wakeup landed during the pass: it wins, the row ready then
+        done::end_woken(workflow, receipt, queue)?;
+    }
     // the pass ends here, whether or not its receipt still held the row
+    // (the row first, then its places)
     let limited = limits::ended(queue, workflow, receipt)?;
     limits::freed(queue, limited)?;
     Ok(moved.is_some())

@@ -98,7 +98,8 @@ static MAKE_RUNNING_PLACES: Statement = Statement {
             FROM pg_catalog.generate_series(1, GREATEST($2, pg_catalog.cardinality($3))) g
             LEFT JOIN ROWS FROM (pg_catalog.unnest($3), pg_catalog.unnest($4)) WITH ORDINALITY
                       AS p(workflow, receipt, n) ON p.n OPERATOR(pg_catalog.=) g
-           WHERE $2 IS NOT NULL",
+           WHERE $2 IS NOT NULL
+          ON CONFLICT (queue, place) DO UPDATE SET workflow = EXCLUDED.workflow, receipt = EXCLUDED.receipt",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::INT4OID,
@@ -111,7 +112,10 @@ static MAKE_RUNNING_PLACES: Statement = Statement {
 
 /// Each key's places, `$2` (NULL: none) or as many as its passes in flight
 /// (`$3`, `$4`, `$5`) where they are more, each pass holding one; for the
-/// keys of the passes and of the queue's rows.
+/// keys of the passes and of the queue's rows. A place a take made for a
+/// new key while this call waited, which a repeatable-read caller's
+/// snapshot could not see to clear, is written over (there: `40001`, the
+/// caller's to retry, never `23505`).
 static MAKE_KEY_PLACES: Statement = Statement {
     sql: "WITH passes AS (
               SELECT p.workflow, p.receipt, p.key COLLATE \"C\" AS key,
@@ -132,7 +136,8 @@ static MAKE_KEY_PLACES: Statement = Statement {
             FROM keys k
            CROSS JOIN LATERAL pg_catalog.generate_series(1, GREATEST($2, k.n)) g
             LEFT JOIN passes p ON p.key OPERATOR(pg_catalog.=) k.key AND p.n OPERATOR(pg_catalog.=) g
-           WHERE $2 IS NOT NULL",
+           WHERE $2 IS NOT NULL
+          ON CONFLICT (queue, key, place) DO UPDATE SET workflow = EXCLUDED.workflow, receipt = EXCLUDED.receipt",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::INT4OID,

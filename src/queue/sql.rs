@@ -6,8 +6,9 @@ use pgrx::pg_sys;
 
 use crate::plan::Statement;
 
-/// Upsert the row to `visible_at`, forgetting any lease on it. The statement
-/// a team would write, and nothing else: whether the row is ready, the
+/// Upsert the row to `visible_at`: a wakeup. A pass in flight keeps its
+/// lease (the row marked woken: `taken_at` NULL, see [`WOKEN`]); a dead row
+/// is left as it is. The statement a team would write, and nothing else: whether the row is ready, the
 /// generation bump of a past-dated one (see `Floor`) and the wakeup are
 /// decided in `schedule_at` (measured: probing the waiter mark in this
 /// statement cost schedule 34k instructions a call, docs/internals.md). Run
@@ -16,7 +17,8 @@ pub(super) static SCHEDULE: Statement = Statement {
     sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, leased_until, scheduled_at)
           VALUES ($3, $1, $2, NULL, NULL, pg_catalog.now())
           ON CONFLICT (queue, workflow) DO UPDATE
-             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, leased_until = NULL, scheduled_at = EXCLUDED.scheduled_at",
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at
+           WHERE q.visible_at OPERATOR(pg_catalog.<>) 'infinity'::pg_catalog.timestamptz",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
@@ -28,8 +30,9 @@ pub(super) static SCHEDULE_PLACED: Statement = Statement {
     sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, leased_until, scheduled_at, priority, key)
           VALUES ($3, $1, $2, NULL, NULL, pg_catalog.now(), $4, $5)
           ON CONFLICT (queue, workflow) DO UPDATE
-             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, leased_until = NULL, scheduled_at = EXCLUDED.scheduled_at,
-                 priority = EXCLUDED.priority, key = EXCLUDED.key",
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at,
+                 priority = EXCLUDED.priority, key = EXCLUDED.key
+           WHERE q.visible_at OPERATOR(pg_catalog.<>) 'infinity'::pg_catalog.timestamptz",
     args: &[
         pg_sys::TEXTOID,
         pg_sys::TIMESTAMPTZOID,
@@ -223,7 +226,7 @@ pub(super) static DONE_MANY: Statement = Statement {
     sql: "DELETE FROM sturdy.queue q
            USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
            WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
-             AND q.leased_until OPERATOR(pg_catalog.=) d.receipt",
+             AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NOT NULL",
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TIMESTAMPTZARRAYOID,
@@ -246,26 +249,61 @@ pub(super) static DONE_LEASED: Statement = Statement {
     sql: "DELETE FROM sturdy.queue q
            USING ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1)) AS d(tid, workflow)
            WHERE q.ctid OPERATOR(pg_catalog.=) d.tid AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
-             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.leased_until OPERATOR(pg_catalog.=) $2",
+             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.leased_until OPERATOR(pg_catalog.=) $2
+             AND q.taken_at IS NOT NULL",
     args: &[pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID, pg_sys::TIDARRAYOID],
     writes: true,
     generic: true,
 };
 
-/// Remove the row under the receipt rule. Whether it went is SPI's count of
-/// rows processed: a `RETURNING` would make SPI build a result table (a
-/// memory context and a copied tuple) for one bit of answer.
+/// Remove the row under the receipt rule: its lease is the receipt, and no
+/// wakeup landed during the pass (`taken_at` is NULL once one did, see
+/// [`WOKEN`]). Whether it went is SPI's count of rows processed: a
+/// `RETURNING` would make SPI build a result table (a memory context and a
+/// copied tuple) for one bit of answer.
 pub(super) static DONE: Statement = Statement {
     sql: "DELETE FROM sturdy.queue
            WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
-             AND leased_until OPERATOR(pg_catalog.=) $2",
+             AND leased_until OPERATOR(pg_catalog.=) $2 AND taken_at IS NOT NULL",
     args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
 };
 
-/// Suspend until `at` under the receipt rule; a wakeup that landed meanwhile
-/// wins (it is sooner, and the deadline lives in the checkpoints anyway). An
+/// A pass a wakeup landed on ends (`done`, `finish`, `wake_at` of it): a
+/// wakeup (`schedule`, `arrive`) on a leased row moves `visible_at` and
+/// clears `taken_at` but keeps the lease, so no second pass starts while
+/// the first runs, and a pass that crashes is still a lapse to count. Its
+/// end clears the lease: the row is ready at the wakeup's time. Returns
+/// that time.
+pub(super) static WOKEN: Statement = Statement {
+    sql: "UPDATE sturdy.queue SET leased_until = NULL
+           WHERE queue OPERATOR(pg_catalog.=) $3 AND workflow OPERATOR(pg_catalog.=) $1
+             AND leased_until OPERATOR(pg_catalog.=) $2 AND taken_at IS NULL
+          RETURNING visible_at",
+    args: &[pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    writes: true,
+    generic: false,
+};
+
+/// [`WOKEN`] for the pairs of `done_many`.
+pub(super) static WOKEN_MANY: Statement = Statement {
+    sql: "UPDATE sturdy.queue q SET leased_until = NULL
+            FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
+           WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+             AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NULL
+          RETURNING q.visible_at",
+    args: &[
+        pg_sys::TEXTARRAYOID,
+        pg_sys::TIMESTAMPTZARRAYOID,
+        pg_sys::TEXTOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
+/// Suspend until `at` under the receipt rule; a wakeup that landed during
+/// the pass wins (the row is then [`WOKEN`]'s). An
 /// `at` already due wakes idle workers as a schedule does, and one before
 /// `now()` bumps take's generation (the caller does, as `schedule` does:
 /// Citus cannot plan a `nextval` in the statement).
@@ -273,7 +311,7 @@ pub(super) static WAKE_AT: Statement = Statement {
     sql: "WITH moved AS (
               UPDATE sturdy.queue SET visible_at = $3, taken_at = NULL, leased_until = NULL
                WHERE queue OPERATOR(pg_catalog.=) $4 AND workflow OPERATOR(pg_catalog.=) $1
-                 AND leased_until OPERATOR(pg_catalog.=) $2
+                 AND leased_until OPERATOR(pg_catalog.=) $2 AND taken_at IS NOT NULL
               RETURNING 1)
           SELECT $3 OPERATOR(pg_catalog.<=) pg_catalog.now() AND EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $4)
             FROM moved",

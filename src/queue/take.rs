@@ -25,6 +25,24 @@ pub(super) fn earlier(a: Option<Position>, b: Option<Position>) -> Option<Positi
 /// others rewrote during its own few microseconds.
 pub(super) const TAKE_ATTEMPTS: usize = 3;
 
+/// The runs of a take statement: at most [`TAKE_ATTEMPTS`] for rows missed,
+/// and as many more as the runs count leases that ran out. A lease met run
+/// out is counted once (`count_lapsed` clears it), and its row is then
+/// either leased by the next run or out of the way, so however many lapsed
+/// rows lie ahead of a ready one, the take reaches it; a take that gave up
+/// after a few of them came back empty beside a ready row, and marked the
+/// queue idle.
+#[derive(Default)]
+pub(super) struct Runs(usize);
+
+impl Runs {
+    /// After a run that counted `lapsed` leases: whether another may run.
+    pub(super) fn again(&mut self, lapsed: usize) -> bool {
+        self.0 += 1;
+        lapsed > 0 || self.0 < TAKE_ATTEMPTS
+    }
+}
+
 /// The rows this backend's last batch take leased, by workflow: where each
 /// one's leased version lives (its tuple id), and the receipt they share (one
 /// `now()` and one lease for the whole take). An array `done` of them, the
@@ -176,7 +194,7 @@ impl Hand<'_> {
 
 /// A take statement: up to `max` rows from the place `from` on, due by
 /// `due`; run again while it returns rows it locked but could not lease (at
-/// most [`TAKE_ATTEMPTS`] runs). Each row leased is handed as `hand` asks
+/// most [`Runs`] allows). Each row leased is handed as `hand` asks
 /// before it is returned.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn take_from(
@@ -214,7 +232,8 @@ pub(super) fn take_from(
         note_lapsed(r, if batch { 8 } else { 7 });
         (oldest, missed)
     };
-    for _ in 0..TAKE_ATTEMPTS {
+    let mut runs = Runs::default();
+    loop {
         let left = max - taken.rows as i64;
         let args = [
             queue.into(),
@@ -239,10 +258,10 @@ pub(super) fn take_from(
                 (leased.len(), seen)
             }
         };
-        count_lapsed(queue)?;
+        let lapsed = count_lapsed(queue)?;
         taken.rows += rows;
         taken.oldest = earlier(taken.oldest, oldest);
-        if !missed || taken.rows as i64 >= max {
+        if !missed || taken.rows as i64 >= max || !runs.again(lapsed) {
             break;
         }
     }

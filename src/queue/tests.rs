@@ -651,13 +651,18 @@ fn schedule_upserts_without_a_statement_and_with_one_where_the_table_asks_for_mo
     assert_eq!(served(), before + 3, "updated without a statement");
     assert_eq!(
         row("u1"),
-        format!("01:00:00:t:1:t:t:{seq}"),
-        "the lease gone, takes and the place's seq kept"
+        format!("01:00:00:t:1:f:t:{seq}"),
+        "woken: the lease kept for the pass, takes and the place's seq kept"
     );
     assert_eq!(
         one::<bool>("SELECT sturdy.done(workflow, receipt, 'ups') FROM t"),
         Some(false),
         "the wakeup outlives the pass"
+    );
+    assert_eq!(
+        row("u1"),
+        format!("01:00:00:t:1:t:t:{seq}"),
+        "the pass over: its lease cleared, the row due at the wakeup's time"
     );
     // a column of the user's own with a default: the statement gives it
     Spi::run("ALTER TABLE sturdy.queue ADD COLUMN note text DEFAULT 'given'").unwrap();
@@ -1087,8 +1092,23 @@ fn arrive_supplies_and_schedules_together() {
         "first writer wins, and the wakeup still lands"
     );
     assert_eq!(
-        one::<i64>("SELECT count(*) FROM sturdy.queue_stats WHERE ready = 1"),
-        Some(1)
+        one::<String>("SELECT format('%s/%s', ready, leased) FROM sturdy.queue_stats WHERE queue = 'approvals'")
+            .as_deref(),
+        Some("0/1"),
+        "landed on the pass: its lease kept, no second pass beside it"
+    );
+    assert_eq!(
+        one::<bool>(
+            "SELECT sturdy.done('a1', (SELECT leased_until FROM sturdy.queue WHERE workflow = 'a1'), 'approvals')"
+        ),
+        Some(false),
+        "the pass's done declines"
+    );
+    assert_eq!(
+        one::<String>("SELECT format('%s/%s', ready, leased) FROM sturdy.queue_stats WHERE queue = 'approvals'")
+            .as_deref(),
+        Some("1/0"),
+        "and leaves the row ready for the wakeup"
     );
 }
 

@@ -29,6 +29,7 @@ pub(super) fn mark_idle(queue: Name) -> Result<()> {
             insert_only: &[],
             only_if: None,
             increment: None,
+            skip_locked: false,
         };
         let done = WAITERS.with(&[pg_sys::ACL_INSERT], queue.bytes(), |table| {
             table.insert_unless_there(&mark)
