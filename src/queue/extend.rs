@@ -61,10 +61,27 @@ fn extend(
         return Ok(None);
     }
     // the row first, then its places (the lock order of every call on a
-    // pass): where a place of the pass is not there to move, a take that
-    // found the old receipt passed by its clock holds it now, and the pass
-    // is over; its row goes back to the receipt it had
-    if !move_places(queue, workflow, receipt, renewed)? {
+    // pass), then the clock again: a take frees a place whose receipt
+    // passed by its `now()`, never later than the clock, so with the
+    // receipt still ahead of the clock once every place is moved (and
+    // locked) no take has found one of them free, and none will. Past it,
+    // a take may hold one now, or be counting the lapse: the pass is over,
+    // and its row and places go back to the receipt they had.
+    let moved = move_places(queue, workflow, receipt, renewed)?;
+    if receipt <= pgrx::datum::clock_timestamp() {
+        for held in moved {
+            run_one(
+                // (by any key: as it was found, the row's key or another)
+                MOVE_PLACE[held][MOVE_PLACE[held].len() - 1],
+                &[
+                    queue.into(),
+                    workflow.into(),
+                    renewed.into(),
+                    receipt.into(),
+                ],
+                |_| Ok(()),
+            )?;
+        }
         run_one(
             &EXTEND,
             &[
@@ -82,39 +99,52 @@ fn extend(
 }
 
 /// A pass's places (`$2` workflow, `$3` receipt) given its new receipt
-/// `$4` (`extend`).
-static MOVE_PLACE: [Statement; 2] = [
-    Statement {
-        sql: "UPDATE sturdy.queue_places SET receipt = $4
-               WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
-                 AND receipt OPERATOR(pg_catalog.=) $3",
-        args: &[
-            pg_sys::TEXTOID,
-            pg_sys::TEXTOID,
-            pg_sys::TIMESTAMPTZOID,
-            pg_sys::TIMESTAMPTZOID,
-        ],
-        writes: true,
-        generic: false,
-    },
-    // (by the key of the pass's row, as FREE_PLACE finds it)
-    Statement {
-        sql: "UPDATE sturdy.queue_key_places SET receipt = $4
-               WHERE queue OPERATOR(pg_catalog.=) $1
-                 AND key OPERATOR(pg_catalog.=) (SELECT q.key FROM sturdy.queue q
-                                                  WHERE q.queue OPERATOR(pg_catalog.=) $1
-                                                    AND q.workflow OPERATOR(pg_catalog.=) $2)
-                 AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3",
-        args: &[
-            pg_sys::TEXTOID,
-            pg_sys::TEXTOID,
-            pg_sys::TIMESTAMPTZOID,
-            pg_sys::TIMESTAMPTZOID,
-        ],
-        writes: true,
-        generic: false,
-    },
+/// `$4` (`extend`): for each limit, the statements that look for it, in
+/// turn (see [`move_places`]).
+static MOVE_PLACE: [&[&Statement]; 2] = [
+    &[&MOVE_RUNNING, &MOVE_RUNNING],
+    &[&MOVE_KEYED, &MOVE_KEYED_ANY],
 ];
+
+const MOVE_ARGS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::TIMESTAMPTZOID,
+];
+
+static MOVE_RUNNING: Statement = Statement {
+    sql: "UPDATE sturdy.queue_places SET receipt = $4
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+             AND receipt OPERATOR(pg_catalog.=) $3",
+    args: MOVE_ARGS,
+    writes: true,
+    generic: false,
+};
+
+/// (by the key of the pass's row, as `done` finds it)
+static MOVE_KEYED: Statement = Statement {
+    sql: "UPDATE sturdy.queue_key_places SET receipt = $4
+           WHERE queue OPERATOR(pg_catalog.=) $1
+             AND key OPERATOR(pg_catalog.=) (SELECT q.key FROM sturdy.queue q
+                                              WHERE q.queue OPERATOR(pg_catalog.=) $1
+                                                AND q.workflow OPERATOR(pg_catalog.=) $2)
+             AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3",
+    args: MOVE_ARGS,
+    writes: true,
+    generic: false,
+};
+
+/// (by any key: the row's was changed during the pass, or has none; the
+/// queue's key places, walked)
+static MOVE_KEYED_ANY: Statement = Statement {
+    sql: "UPDATE sturdy.queue_key_places SET receipt = $4
+           WHERE queue OPERATOR(pg_catalog.=) $1
+             AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3",
+    args: MOVE_ARGS,
+    writes: true,
+    generic: false,
+};
 
 /// A pass of `workflow` with `receipt` kept longer (`extend`): its places
 /// of a running or per-key limit take its new receipt, so the limit counts
@@ -122,52 +152,32 @@ static MOVE_PLACE: [Statement; 2] = [
 /// backend's take wrote and remembers by the old receipt is then found by
 /// statement when the pass ends: `limits::free_placed` matches receipts.)
 ///
-/// Whether every place the pass holds moved. One not found is looked for
-/// once more, by a statement of its own: a `limit_queue` that made the
-/// queue's places anew while this waited for their locks holds the pass in
-/// a new row, which the first statement's snapshot could not see.
+/// Which of them moved. One not found is looked for again, by a statement
+/// of its own: a `limit_queue` that made the queue's places anew while
+/// this waited for their locks holds the pass in a new row, which the
+/// first statement's snapshot could not see; and a key's place by any key,
+/// where a schedule gave the row another key during the pass. A pass may
+/// hold none (a row without a key holds no key's place), so none found is
+/// no answer by itself: the caller reads the clock after.
 fn move_places(
     queue: Name,
     workflow: Name,
-    receipt: TimestampWithTimeZone,
-    renewed: TimestampWithTimeZone,
-) -> Result<bool> {
+    from: TimestampWithTimeZone,
+    to: TimestampWithTimeZone,
+) -> Result<Vec<usize>> {
     let set = limits::of(queue)?;
-    let mut done: Vec<usize> = Vec::new();
+    let mut moved = Vec::new();
     for held in set.iter().flat_map(limits::Limits::held) {
-        let mut moved = false;
-        for _ in 0..2 {
-            moved = run_one(
-                &MOVE_PLACE[held],
-                &[
-                    queue.into(),
-                    workflow.into(),
-                    receipt.into(),
-                    renewed.into(),
-                ],
+        for &stmt in MOVE_PLACE[held] {
+            if run_one(
+                stmt,
+                &[queue.into(), workflow.into(), from.into(), to.into()],
                 |t| Ok(!t.is_empty()),
-            )?;
-            if moved {
+            )? {
+                moved.push(held);
                 break;
             }
         }
-        if !moved {
-            // (the places moved before it go back with the row)
-            for held in done {
-                run_one(
-                    &MOVE_PLACE[held],
-                    &[
-                        queue.into(),
-                        workflow.into(),
-                        renewed.into(),
-                        receipt.into(),
-                    ],
-                    |_| Ok(()),
-                )?;
-            }
-            return Ok(false);
-        }
-        done.push(held);
     }
-    Ok(true)
+    Ok(moved)
 }

@@ -890,13 +890,12 @@ pub fn ending(queue: Name, workflow: Name, receipt: TimestampWithTimeZone) -> Re
     }
     let mut keys = None;
     if held[KEYED] && !placed_here(KEYED, queue, workflow.bytes(), receipt.into()) {
-        let key = run_one(
-            &KEY_OF,
-            &[queue.into(), workflow.into()],
-            first_value::<Text>,
-        )?;
+        // (copied out as bytes: SPI's memory goes when its connection closes)
+        let key = run_one(&KEY_OF, &[queue.into(), workflow.into()], |t| {
+            Ok(first_value::<Text>(t)?.map(|k| k.bytes().to_vec()))
+        })?;
         keys = Some(
-            key.map(|k| (workflow.bytes().to_vec(), k.bytes().to_vec()))
+            key.map(|k| (workflow.bytes().to_vec(), k))
                 .into_iter()
                 .collect(),
         );

@@ -6,10 +6,12 @@
 //! back as a *receipt*, and leaves `visible_at` alone, so the update touches
 //! no indexed column and is HOT (no index entry, half the WAL; measured in
 //! docs/internals.md). Everything that wants another pass — `schedule`,
-//! `arrive` — writes `visible_at` unconditionally and clears the lease,
-//! landing on top of a pass in flight; `done` and `wake_at` are conditional on
-//! the receipt still matching, so a wakeup that arrived mid-pass is never
-//! thrown away by the pass finishing.
+//! `arrive` — writes `visible_at` and clears `taken_at`, landing on top of
+//! a pass in flight, whose lease it keeps (the row *woken*: no second pass
+//! beside the first, and a crash is still a lapse to count); the pass's
+//! `done` and `wake_at` then answer false and leave the row ready, so a
+//! wakeup that arrived mid-pass is never thrown away by the pass finishing.
+//! A dead row (`visible_at` `'infinity'`, `fail.rs`) is left as it is.
 //!
 //! Takers fan out instead of queueing on the head: `FOR UPDATE SKIP LOCKED`
 //! passes over rows another taker is locking. The candidate rows are chosen in
@@ -86,7 +88,7 @@ pub(crate) use fail::{LAPSED, cancel_row, fail_pass, sweep_failing, take_died};
 use fail::{count_lapsed, note_lapsed};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
-pub(crate) use limits::{ended, ending, freed};
+pub(crate) use limits::{ending, freed};
 pub use schedule::schedule_at;
 use sql::*;
 use take::*;
