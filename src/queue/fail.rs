@@ -117,8 +117,8 @@ pub(super) fn note_lapsed(r: &plan::Rows, col: usize) {
 }
 
 /// Count the failure of each row whose lease ran out that the last take
-/// statement met (and holds locked), answering how many it met: as `fail` counts one, from the lease's
-/// end, with the error [`LAPSED`]. A row whose backoff is over by now is
+/// statement met (and holds locked), answering how many it met: as `fail`
+/// counts one, from the lease's end, with the error [`LAPSED`]. A row whose backoff is over by now is
 /// ready again at once, at the time its backoff ended (the statement, run
 /// again, leases it as the next attempt); one whose count reaches the
 /// queue's `max_attempts` is dead, its workflow kept for [`take_died`].
