@@ -359,8 +359,12 @@ pub(super) fn take_from(
             ],
             |r| {
                 let leased = leased(&r);
-                let placeless: Vec<Option<Text>> = (0..r.len())
-                    .filter_map(|i| r.text_bytes(i, 5).map(|k| Some(Text::from_bytes(k))))
+                // (copied out as bytes: a text made here would live in SPI's
+                // memory, which goes when its connection closes, before
+                // MAKE_PLACES reads it; the model checker's keyed takes
+                // crashed the backend in that read)
+                let placeless: Vec<Vec<u8>> = (0..r.len())
+                    .filter_map(|i| r.text_bytes(i, 5).map(<[u8]>::to_vec))
                     .collect();
                 let missed = (0..r.len()).any(|i| r.get::<bool>(i, 6) == Some(true));
                 let head = (0..r.len())
@@ -375,7 +379,11 @@ pub(super) fn take_from(
         taken.rows += leased.len();
         taken.oldest = earlier(taken.oldest, head);
         if !placeless.is_empty() {
-            run_one(&MAKE_PLACES, &[queue.into(), placeless.into()], |_| Ok(()))?;
+            let keys: Vec<Option<Text>> = placeless
+                .iter()
+                .map(|k| Some(Text::from_bytes(k)))
+                .collect();
+            run_one(&MAKE_PLACES, &[queue.into(), keys.into()], |_| Ok(()))?;
         } else if !missed {
             break;
         }
