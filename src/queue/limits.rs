@@ -852,6 +852,17 @@ pub(super) fn abandoned(queue: Name, workflow: Name) -> Result<bool> {
     Ok(limits.is_some_and(|l| l.held().next().is_some()))
 }
 
+/// [`FREE_KEY_PLACE`] by any key: the queue's key places walked, for a
+/// place this backend wrote whose version moved on (see [`Ending::free`]).
+static FREE_KEY_PLACE_ANY: Statement = Statement {
+    sql: "UPDATE sturdy.queue_key_places SET workflow = NULL, receipt = NULL
+           WHERE queue OPERATOR(pg_catalog.=) $1 AND workflow OPERATOR(pg_catalog.=) $2
+             AND receipt OPERATOR(pg_catalog.=) $3",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
+    writes: true,
+    generic: false,
+};
+
 /// The end of passes whose rows go before their places are freed (`done`,
 /// `done_many`, `finish`): every call on a pass locks its row first, then
 /// its places, then its claim (docs/internals.md, "Lock order"), so a
@@ -965,9 +976,10 @@ impl Ending {
                     }
                 }
                 // (this backend's take wrote it, but the version moved on
-                // since: by the row's key, where the row is still there)
+                // since, as a `limit_queue` that made the places anew moves
+                // it: by any key, the row gone)
                 None => run_one(
-                    &FREE_PLACE[KEYED],
+                    &FREE_KEY_PLACE_ANY,
                     &[queue.into(), workflow.into(), receipt.into()],
                     |_| Ok(()),
                 )?,
