@@ -334,11 +334,17 @@ def test_a_take_never_comes_back_empty_holding_a_ready_row():
         c.execute("""
             CREATE PROCEDURE take_race.takes(max int, claim boolean, n int, INOUT taken int, INOUT bad int)
             LANGUAGE plpgsql AS $$
-            DECLARE got int;
+            DECLARE got int; r record;
             BEGIN
               taken := 0; bad := 0;
               FOR i IN 1..n LOOP
-                SELECT count(*) INTO got FROM sturdy.take('rescheduled', '1 minute', max, claim);
+                got := 0;
+                -- each pass ended at once: a wakeup keeps a pass's lease, and
+                -- the pass's done (false: woken) leaves the row ready again
+                FOR r IN SELECT * FROM sturdy.take('rescheduled', '1 minute', max, claim) LOOP
+                  got := got + 1;
+                  PERFORM sturdy.done(r.workflow, r.receipt, 'rescheduled');
+                END LOOP;
                 taken := taken + got;
                 IF got = 0 AND EXISTS (
                     SELECT FROM sturdy.queue

@@ -299,7 +299,7 @@ CREATE FUNCTION sturdy.schedule(workflow text, visible_at timestamptz DEFAULT no
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_schedule';
 COMMENT ON FUNCTION sturdy.schedule(workflow text, visible_at timestamptz, queue text, priority integer, key text) IS
-    'Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, so the wakeup survives its done), at priority (take hands out higher first; 0 or above) and in the group key for the queue''s per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit.';
+    'Make the workflow visible in queue at visible_at (upsert: lands on top of a pass in flight, keeping its lease, so the wakeup survives its done; a dead row stays dead; ''infinity'' is refused), at priority (take hands out higher first; 0 or above) and in the group key for the queue''s per_key limit; a reschedule sets both. When visible now and a take found the queue empty since the last notification, NOTIFY sturdy with the queue name, delivered at commit.';
 REVOKE ALL ON FUNCTION sturdy.schedule(text, timestamptz, text, integer, text) FROM PUBLIC;
 DO $$
 DECLARE
@@ -317,7 +317,7 @@ CREATE FUNCTION sturdy.fail(workflow text, receipt timestamptz, error text, queu
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_fail';
 COMMENT ON FUNCTION sturdy.fail(workflow text, receipt timestamptz, error text, queue text, retry_at timestamptz, code text) IS
-    'The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue''s backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). The pass is over: the workflow''s claim is fenced (the failed pass''s writes raise SD001; the retry claims at once). False, and nothing written, for a stale receipt.';
+    'The pass failed: under the receipt rule of done, count one more attempt, keep error (its first 1000 characters) and code, and make the row visible again at retry_at, or after the queue''s backoff (retry_queue), or, at its max_attempts, dead (never handed out again; its instance failed). The pass is over: the workflow''s claim is fenced (the failed pass''s writes raise SD001; the retry claims at once). False for a stale receipt: nothing counted, and the place the receipt held freed, as done frees it.';
 CREATE FUNCTION sturdy.retry_queue(queue text, max_attempts integer DEFAULT 25, backoff interval DEFAULT '1 second', max_backoff interval DEFAULT '1 hour', jitter float8 DEFAULT 0.1) RETURNS void VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_retry_queue';
@@ -333,13 +333,13 @@ CREATE FUNCTION sturdy.cancel(workflow text, queue text DEFAULT 'default') RETUR
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_cancel';
 COMMENT ON FUNCTION sturdy.cancel(workflow text, queue text) IS
-    'Remove the workflow''s row from queue, whether waiting, sleeping, failing, dead or in a pass: a pass under way then finds its done, finish and wake_at answering false, and its claim''s token fenced (its writes raise SD001). False when there is no such row.';
+    'Remove the workflow''s row from queue, whether waiting, sleeping, failing, dead or in a pass, and fence the workflow''s claim: any pass still running (its writes raise SD001; its done and wake_at answer false) and every place it holds in the queue''s limits is free at once. False, and nothing done, when there is no such row.';
 
 CREATE FUNCTION sturdy.extend(workflow text, receipt timestamptz, lease interval, queue text DEFAULT 'default') RETURNS timestamptz VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_extend';
 COMMENT ON FUNCTION sturdy.extend(workflow text, receipt timestamptz, lease interval, queue text) IS
-    'Keep a pass''s row for lease from now: where the receipt still matches and has not passed, the row''s lease (and any place a running or per_key limit holds for the pass) ends at now() + lease, returned as the pass''s new receipt for done, finish, wake_at, fail and the next extend. NULL, and nothing written, for a stale receipt or a lease that ran out.';
+    'Keep a pass''s row for lease from now: where the receipt still matches and has not passed, the row''s lease (and any place a running or per_key limit holds for the pass) ends at now() + lease, returned as the pass''s new receipt for done, finish, wake_at, fail and the next extend. NULL, and nothing written, for a stale receipt, a lease that ran out by the clock, or a place of the pass that a take reused meanwhile.';
 
 -- Flow control (src/queue/limits.rs).
 CREATE FUNCTION sturdy.limit_queue(queue text, running integer DEFAULT NULL, per_key integer DEFAULT NULL, per_second float8 DEFAULT NULL, burst integer DEFAULT NULL) RETURNS void VOLATILE PARALLEL UNSAFE
