@@ -16,10 +16,10 @@ pub(super) fn done(
     let receipt = args::required("receipt", receipt)?;
     let queue = args::name("queue", queue)?;
     // the row, then its places (what finds them read first)
-    let ending = limits::ending(queue, workflow, receipt)?;
+    let ending = ended::ending(queue, workflow, receipt)?;
     let removed = remove(workflow, receipt, queue)?;
     let limited = ending.free(queue, workflow, receipt)?;
-    limits::freed(queue, limited)?;
+    ended::freed(queue, limited)?;
     Ok(removed)
 }
 
@@ -168,7 +168,7 @@ pub(super) fn done_many(
         return Ok(0);
     }
     // the rows, then their places (what finds them read first)
-    let ending = limits::ending_many(queue, workflows)?;
+    let ending = ended::ending_many(queue, workflows)?;
     let removed = remove_many(workflows, receipts, queue, pairs)?;
     if removed < pairs && schema::current() {
         // passes a wakeup landed on: their rows stay, ready
@@ -188,7 +188,7 @@ pub(super) fn done_many(
         }
     }
     let limited = ending.free_many(queue, workflows, receipts)?;
-    limits::freed(queue, limited)?;
+    ended::freed(queue, limited)?;
     Ok(removed)
 }
 

@@ -150,7 +150,7 @@ static MOVE_KEYED_ANY: Statement = Statement {
 /// of a running or per-key limit take its new receipt, so the limit counts
 /// the pass until then, not until the old receipt passes. (A place this
 /// backend's take wrote and remembers by the old receipt is then found by
-/// statement when the pass ends: `limits::free_placed` matches receipts.)
+/// statement when the pass ends: `ended::free_placed` matches receipts.)
 ///
 /// Which of them moved. One not found is looked for again, by a statement
 /// of its own: a `limit_queue` that made the queue's places anew while

@@ -248,7 +248,7 @@ fn fail_at(
     // `done` and `wake_at` end it): its place goes back to the queue, after
     // the row (a lapsed pass's place is free already: its receipt passed)
     let limited = match since {
-        None => limits::ended(queue, workflow, receipt)?,
+        None => ended::ended(queue, workflow, receipt)?,
         Some(_) => false,
     };
     if let Some((_, ready, past)) = outcome {
@@ -259,7 +259,7 @@ fn fail_at(
             wake_if_waited(queue)?;
         }
     }
-    limits::freed(queue, limited)?;
+    ended::freed(queue, limited)?;
     Ok(outcome.map(|(dead, ..)| dead))
 }
 
@@ -450,9 +450,9 @@ pub(crate) fn cancel_row(workflow: Name, queue: Name) -> Result<Option<bool>> {
     // a pass whose lease was counted (or moved on) may still run, and
     // holds its place until its old receipt passes (while the row is
     // there: its key finds a key's place)
-    let limited = limits::abandoned(queue, workflow)?;
+    let limited = ended::abandoned(queue, workflow)?;
     run_one(&CANCEL, &[workflow.into(), queue.into()], |_| Ok(()))?;
-    limits::freed(queue, limited)?;
+    ended::freed(queue, limited)?;
     Ok(Some(leased.is_some()))
 }
 

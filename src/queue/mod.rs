@@ -61,6 +61,7 @@ use crate::plan::{self, Statement, first_value, run_one};
 use crate::rescan::{LEAST_DUE, Position, Rescans, START, ScanFrom, floor_after, time_param};
 
 mod done;
+mod ended;
 mod extend;
 mod fail;
 mod floor;
@@ -84,11 +85,11 @@ mod tests {
 }
 
 pub(crate) use done::remove as remove_done;
+pub(crate) use ended::{ending, freed};
 pub(crate) use fail::{LAPSED, cancel_row, fail_pass, sweep_failing, take_died};
 use fail::{count_lapsed, note_lapsed};
 use floor::*;
 pub(crate) use keyed::sweep_key_places;
-pub(crate) use limits::{ending, freed};
 pub use schedule::schedule_at;
 use sql::*;
 use take::*;

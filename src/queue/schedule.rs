@@ -217,7 +217,7 @@ fn wake_at(
     }
     // the pass ends here, whether or not its receipt still held the row
     // (the row first, then its places)
-    let limited = limits::ended(queue, workflow, receipt)?;
-    limits::freed(queue, limited)?;
+    let limited = ended::ended(queue, workflow, receipt)?;
+    ended::freed(queue, limited)?;
     Ok(moved.is_some())
 }

@@ -370,7 +370,7 @@ pub(crate) fn take(
         // held back. Paused or out of tokens: no idle mark (the queue is
         // not empty, and no event ends either: a pause's resume notifies,
         // a bucket refills by the clock). No free place, or nothing ready:
-        // the mark, which a pass's end that frees a place (`limits::ended`)
+        // the mark, which a pass's end that frees a place (`ended::ended`)
         // or a schedule answers.
         plan::begin_result(call);
         if wake && gate.as_ref().is_some_and(|g| g.nothing_ready || g.no_place) {
