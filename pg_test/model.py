@@ -201,8 +201,17 @@ class Link:
                     raise
                 self.conn = None
         try:
-            cur = self.conn.execute(op.sql, op.params)
-            op.rows = cur.fetchall() if cur.description else []
+            if op.spec.get("stale"):
+                # in a transaction that began `stale` seconds before the call
+                with self.conn.transaction():
+                    self.conn.execute("SELECT now()")
+                    time.sleep(op.spec["stale"])
+                    op.t0 = self._clock()
+                    cur = self.conn.execute(op.sql, op.params)
+                    op.rows = cur.fetchall() if cur.description else []
+            else:
+                cur = self.conn.execute(op.sql, op.params)
+                op.rows = cur.fetchall() if cur.description else []
             op.status = "ok"
         except psycopg.Error as e:
             op.status, op.sqlstate, op.msg = "err", e.sqlstate, str(e).splitlines()[0] if str(e) else repr(e)
@@ -278,6 +287,8 @@ class Op:
         text = text.replace("SELECT extract(epoch from r)::float8, r FROM ", "SELECT ").replace(" r WHERE", " WHERE")
         if text.endswith(") r"):
             text = text[:-2]
+        if self.spec.get("stale"):
+            text = f"BEGIN (now() {self.spec['stale']} s back); {text}; COMMIT"
         if self.status == "ok":
             rows = self.rows
             if self.k == "take":
@@ -771,6 +782,11 @@ class Model:
         if op.meta["rc"] <= now + 1e-6 and not p.ambig:
             self.fail("R5-extend", f"extend at {now:.3f} renewed pass #{p.id} whose lease ended at {op.meta['rc']:.3f}"
                       f" ({now - op.meta['rc']:.3f} s before)", op)
+        # the clock judges a lease, not the extend's now(): read just before
+        # the call, it is behind the clock the call reads
+        if op.meta["rc"] <= op.t0 and not p.ambig:
+            self.fail("R5-extend", f"extend renewed pass #{p.id} whose lease ended at {op.meta['rc']:.3f},"
+                      f" {op.t0 - op.meta['rc']:.3f} s before the clock read ahead of the call", op)
         if cls == "stale" and not concurrent:
             self.fail("R5-extend", f"extend of a stale receipt of {R.wf} (pass #{p.id}) answered a new receipt", op)
         self.old_rc[R.wf] = p.rdt
@@ -1222,7 +1238,12 @@ def gen_op(rng, m, links_busy):
             return {"k": "wake_at", "c": c, "wf": w, "rc": rc,
                     "at": rng.choice(["now", 0.5, 1.0, 3600.0, 3600.0 if "inf" in AVOID else "inf"])}
         if x < 0.67:
-            return {"k": "extend", "c": c, "wf": w, "rc": rc, "lease": rng.choice([0.3, 0.5, 1.0])}
+            spec = {"k": "extend", "c": c, "wf": w, "rc": rc, "lease": rng.choice([0.3, 0.5, 1.0])}
+            if rng.random() < 0.3:
+                # a heartbeat in a transaction begun a while ago: its now()
+                # is behind the clock, which is what judges the lease
+                spec["stale"] = rng.choice([0.1, 0.2, 0.4])
+            return spec
         if x < 0.82:
             return {"k": "fail", "c": c, "wf": w, "rc": rc,
                     "retry": rng.choice([None, None, None, 0.0, 0.5, 0.5 if "inf" in AVOID else "inf"])}
