@@ -68,7 +68,7 @@ pub fn schedule_at(
                         (Q_SEQ, access::Fill::Next(&schema::SEQUENCE)),
                     ],
                     insert_only,
-                    // a dead row is left as it is (see `DEAD`)
+                    // a dead row (`visible_at` past `LAST_FINITE`) is left as it is
                     only_if: Some((Q_VISIBLE_AT, LAST_FINITE)),
                     increment: None,
                     skip_locked: false,
