@@ -23,6 +23,9 @@ after every step against a reference model of the contract:
   * a one-row take comes back with a row whenever one is ready within the
     limits; no SQLSTATE outside the documented ones (40P01, XX000, ...).
 
+Not reached (yet): `transact`, `per_second` limits, the order of
+priorities, NOTIFY wakeups.
+
 On a failure it prints the seed and the step, shrinks the recorded history
 (replays with operations removed, delta-debugging style, keeping the
 shortest that still fails the same invariant) and prints it as SQL-ish
