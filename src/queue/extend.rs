@@ -71,8 +71,7 @@ fn extend(
     if receipt <= pgrx::datum::clock_timestamp() {
         for held in moved {
             run_one(
-                // (by any key: as it was found, the row's key or another)
-                MOVE_PLACE[held][MOVE_PLACE[held].len() - 1],
+                MOVE_BACK[held],
                 &[
                     queue.into(),
                     workflow.into(),
@@ -103,8 +102,12 @@ fn extend(
 /// turn (see [`move_places`]).
 static MOVE_PLACE: [&[&Statement]; 2] = [
     &[&MOVE_RUNNING, &MOVE_RUNNING],
-    &[&MOVE_KEYED, &MOVE_KEYED_ANY],
+    &[&MOVE_KEYED, &MOVE_KEYED, &MOVE_KEYED_WOKEN],
 ];
+
+/// The statement that moves a place back, whichever of [`MOVE_PLACE`]'s
+/// moved it.
+static MOVE_BACK: [&Statement; 2] = [&MOVE_RUNNING, &MOVE_KEYED_ANY];
 
 const MOVE_ARGS: &[pg_sys::Oid] = &[
     pg_sys::TEXTOID,
@@ -135,8 +138,23 @@ static MOVE_KEYED: Statement = Statement {
     generic: false,
 };
 
-/// (by any key: the row's was changed during the pass, or has none; the
-/// queue's key places, walked)
+/// (by any key, where the row is woken: only a schedule changes a row's
+/// key, and one during the pass wakes it, so a row that is not woken has
+/// the key it was taken with, and its pass's place is under that key or
+/// none; for a woken one the queue's key places are walked)
+static MOVE_KEYED_WOKEN: Statement = Statement {
+    sql: "UPDATE sturdy.queue_key_places SET receipt = $4
+           WHERE queue OPERATOR(pg_catalog.=) $1
+             AND workflow OPERATOR(pg_catalog.=) $2 AND receipt OPERATOR(pg_catalog.=) $3
+             AND EXISTS (SELECT FROM sturdy.queue q
+                          WHERE q.queue OPERATOR(pg_catalog.=) $1 AND q.workflow OPERATOR(pg_catalog.=) $2
+                            AND q.taken_at IS NULL)",
+    args: MOVE_ARGS,
+    writes: true,
+    generic: false,
+};
+
+/// (by any key, to move back what one of the above moved)
 static MOVE_KEYED_ANY: Statement = Statement {
     sql: "UPDATE sturdy.queue_key_places SET receipt = $4
            WHERE queue OPERATOR(pg_catalog.=) $1
