@@ -377,7 +377,7 @@ CREATE FUNCTION sturdy.queue_backdated(queue text) RETURNS void VOLATILE PARALLE
 COMMENT ON FUNCTION sturdy.queue_backdated(queue text) IS
     'Under Citus: a row of the queue was made ready before now (a past-dated schedule, wake_at or retry, a redrive), so this node''s takes of the queue look from its start at their next take, not from where they stood. Those calls make it on the node that holds the queue (sturdy.distribute() delegates it there); a call of your own only costs the next takes a scan from the start.';
 
--- src/workflow.rs:503
+-- src/workflow/mod.rs:503
 CREATE FUNCTION sturdy.finish(workflow text, token bigint, receipt timestamptz, step text DEFAULT NULL, value jsonb DEFAULT NULL, status text DEFAULT NULL, queue text DEFAULT 'default', error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_finish';
@@ -412,14 +412,14 @@ CREATE FUNCTION sturdy.unsubscribe(event text, subscriber regprocedure) RETURNS 
 COMMENT ON FUNCTION sturdy.unsubscribe(event text, subscriber regprocedure) IS
     'Stop creating deliveries of event for subscriber. Deliveries already created still go out. False when there was no such subscription.';
 
--- src/workflow.rs:450
+-- src/workflow/mod.rs:450
 CREATE FUNCTION sturdy.stuck(older_than interval, max integer DEFAULT NULL) RETURNS TABLE (id bigint, process text, business_key text, workflow text, status text, stalled_since timestamptz) STABLE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_stuck';
 COMMENT ON FUNCTION sturdy.stuck(older_than interval, max integer) IS
     'Pending or running instances with no progress (no status change, no checkpoint of any kind) for older_than, longest stalled first; the first max of them when max is given (NULL: all).';
 
--- src/workflow.rs:463
+-- src/workflow/mod.rs:463
 CREATE FUNCTION sturdy.transition(id bigint, from_status text, to_status text, expected_revision bigint DEFAULT NULL, token bigint DEFAULT NULL, error text DEFAULT NULL) RETURNS boolean VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_transition';
@@ -454,7 +454,7 @@ CREATE FUNCTION sturdy.redrive(delivery bigint) RETURNS boolean VOLATILE PARALLE
 COMMENT ON FUNCTION sturdy.redrive(delivery bigint) IS
     'Make a dead delivery pending again, due now, with its attempts reset. False when it is not dead (or does not exist).';
 
--- src/workflow.rs:565
+-- src/workflow/mod.rs:565
 CREATE FUNCTION sturdy.sweep(older_than interval DEFAULT '7 days', max integer DEFAULT 1000) RETURNS TABLE (kind text, deleted bigint) VOLATILE PARALLEL UNSAFE ROWS 6
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_sweep';
@@ -609,6 +609,7 @@ CREATE TABLE sturdy.instances (
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
+    watched      boolean     NOT NULL DEFAULT false,
     CHECK ((finished_at IS NOT NULL) = (status IN ('succeeded', 'failed', 'cancelled')))
 );
 ALTER SEQUENCE sturdy.instances_id_seq OWNED BY sturdy.instances.id;
@@ -637,6 +638,8 @@ COMMENT ON COLUMN sturdy.instances.last_error IS 'The error given with the last 
 COMMENT ON COLUMN sturdy.instances.created_at IS 'When start created it.';
 COMMENT ON COLUMN sturdy.instances.updated_at IS 'Its last status change (start counts).';
 COMMENT ON COLUMN sturdy.instances.finished_at IS 'When it reached a terminal status; sweep removes it some time after.';
+COMMENT ON COLUMN sturdy.instances.watched IS
+    'Someone waits for its end (sturdy.watch): its move to a terminal status sends NOTIFY sturdy_instance with its id.';
 
 CREATE TABLE sturdy.idempotency_keys (
     process     text        COLLATE "C" NOT NULL,
@@ -1109,14 +1112,21 @@ $$;
 COMMENT ON FUNCTION sturdy.sample() IS
     'Record the dashboard''s history: one row in sturdy.samples per queue (and per queue sampled within the hour that is empty now), per outbox subscription, per named batch job running or finished within the hour, per instance status (and stuck) and per sturdy.health signal; returns how many. Call it once a minute (pg_cron, or sturdy-ui does); sweep trims the history.';
 
--- src/workflow.rs:436
+-- src/workflow/watch.rs
+CREATE FUNCTION sturdy.watch(id bigint) RETURNS TABLE (status text, revision bigint, last_error text) VOLATILE PARALLEL UNSAFE ROWS 1
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_watch';
+COMMENT ON FUNCTION sturdy.watch(id bigint) IS
+    'Ask to be told when instance id ends: marks it (if pending or running) so that its move to succeeded, failed or cancelled sends NOTIFY sturdy_instance with its id at commit; LISTEN sturdy_instance first. Returns its status, revision and last error now (no row when there is no such instance); a terminal status means there is nothing to wait for.';
+
+-- src/workflow/mod.rs:436
 CREATE FUNCTION sturdy.status(business_key text) RETURNS TABLE (id bigint, process text, workflow text, status text, revision bigint, step text, last_error text, updated_at timestamptz) STABLE PARALLEL UNSAFE ROWS 1
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_status_of';
 COMMENT ON FUNCTION sturdy.status(business_key text) IS
     'The newest instance for business_key: its workflow name, status and revision, its current step (its newest checkpoint), last error, and last progress (status change or checkpoint). No row when there is none.';
 
--- src/workflow.rs:381
+-- src/workflow/mod.rs:381
 CREATE FUNCTION sturdy.start(process text, business_key text, variables jsonb DEFAULT '{}', idempotency_key text DEFAULT NULL, queue text DEFAULT NULL) RETURNS bigint VOLATILE PARALLEL UNSAFE
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_start';

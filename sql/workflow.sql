@@ -17,6 +17,7 @@ CREATE TABLE sturdy.instances (
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
+    watched      boolean     NOT NULL DEFAULT false,
     CHECK ((finished_at IS NOT NULL) = (status IN ('succeeded', 'failed', 'cancelled')))
 ) WITH (vacuum_truncate = false);
 ALTER SEQUENCE sturdy.instances_id_seq OWNED BY sturdy.instances.id;
@@ -45,6 +46,8 @@ COMMENT ON COLUMN sturdy.instances.last_error IS 'The error given with the last 
 COMMENT ON COLUMN sturdy.instances.created_at IS 'When start created it.';
 COMMENT ON COLUMN sturdy.instances.updated_at IS 'Its last status change (start counts).';
 COMMENT ON COLUMN sturdy.instances.finished_at IS 'When it reached a terminal status; sweep removes it some time after.';
+COMMENT ON COLUMN sturdy.instances.watched IS
+    'Someone waits for its end (sturdy.watch): its move to a terminal status sends NOTIFY sturdy_instance with its id.';
 
 CREATE TABLE sturdy.idempotency_keys (
     process     text        COLLATE "C" NOT NULL,

@@ -12,7 +12,7 @@ use crate::datum::{Jsonb, Text};
 use crate::error::{Error, Result};
 use crate::plan::{Statement, first_value, null, run_one};
 use crate::queue;
-use crate::workflow::{TERMINAL, parse_status};
+use crate::workflow::{self, TERMINAL, parse_status};
 
 /// `finish`'s claim part in one statement, before its row and places
 /// (`finish`: claim, row, places, the lock order of every call on a pass).
@@ -76,7 +76,7 @@ macro_rules! finish_part {
                                         ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[]))),"
     };
     (moved, moves) => {
-        "
+        concat!("
           moved AS (
               UPDATE sturdy.instances
                  SET status = $6, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
@@ -84,7 +84,7 @@ macro_rules! finish_part {
                                         THEN pg_catalog.now() END,
                      last_error = COALESCE($8, last_error)
                WHERE workflow OPERATOR(pg_catalog.=) $1 AND EXISTS (SELECT FROM go)
-              RETURNING 1),"
+              RETURNING ", workflow::notify_watchers!(), "),")
     };
     (status, moves) => {
         "(SELECT status FROM inst)"
@@ -160,12 +160,13 @@ static STEP_INSTANCE: Statement = Statement {
 };
 
 static STEP_MOVE: Statement = Statement {
-    sql: "UPDATE sturdy.instances
+    sql: concat!("UPDATE sturdy.instances
              SET status = $2, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
                  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
                                     THEN pg_catalog.now() END,
                  last_error = COALESCE($3, last_error)
-           WHERE workflow OPERATOR(pg_catalog.=) $1",
+           WHERE workflow OPERATOR(pg_catalog.=) $1
+          RETURNING ", workflow::notify_watchers!()),
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,

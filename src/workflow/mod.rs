@@ -44,6 +44,21 @@ use crate::fmgr::Args;
 use crate::placement::Placed;
 use crate::plan::{self, Statement, first_value, null, run_one};
 
+mod watch;
+
+/// The `RETURNING` expression of every statement that may move an instance
+/// to a terminal status: where someone watches it (`watch`), `NOTIFY
+/// sturdy_instance, '<id>'`, delivered at commit. An instance nobody
+/// watches pays for one column read, and no commit sends a notification
+/// nobody waits for (a notifying commit is serialised with every other).
+macro_rules! notify_watchers {
+    () => {
+        "CASE WHEN watched AND finished_at IS NOT NULL
+              THEN pg_catalog.pg_notify('sturdy_instance', id::pg_catalog.text) END"
+    };
+}
+pub(crate) use notify_watchers;
+
 /// How long an idempotency key keeps returning its first instance, in
 /// milliseconds (a duration with units when set: `'300ms'`, `'24h'`).
 pub static IDEMPOTENCY_TTL: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60 * 1000);
@@ -269,7 +284,7 @@ static INSTANCE_WORKFLOW: Statement = Statement {
 /// The compare-and-set: from `$2`, never from a terminal status, at revision
 /// `$4` when given.
 static TRANSITION: Statement = Statement {
-    sql: "UPDATE sturdy.instances
+    sql: concat!("UPDATE sturdy.instances
              SET status = $3, revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
                  finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[])
                                     THEN pg_catalog.now() END,
@@ -277,7 +292,7 @@ static TRANSITION: Statement = Statement {
            WHERE id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) $2
              AND NOT (status OPERATOR(pg_catalog.=) ANY ('{succeeded,failed,cancelled}'::pg_catalog.text[]))
              AND ($4 IS NULL OR revision OPERATOR(pg_catalog.=) $4)
-          RETURNING true",
+          RETURNING true, ", notify_watchers!()),
     args: &[
         pg_sys::INT8OID,
         pg_sys::TEXTOID,
@@ -675,11 +690,12 @@ fn stuck_walk(older_than: Interval, max: Option<usize>) -> Result<Vec<Stalled>> 
 /// queue's `max_attempts` times) fails with the row's error (any instance
 /// of the workflow still pending or running).
 static FAIL_INSTANCE: Statement = Statement {
-    sql: "UPDATE sturdy.instances
+    sql: concat!("UPDATE sturdy.instances
              SET status = 'failed', revision = revision OPERATOR(pg_catalog.+) 1, updated_at = pg_catalog.now(),
                  finished_at = pg_catalog.now(), last_error = COALESCE(pg_catalog.\"left\"($2, 1000), last_error)
            WHERE workflow OPERATOR(pg_catalog.=) $1
-             AND status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])",
+             AND status OPERATOR(pg_catalog.=) ANY ('{pending,running}'::pg_catalog.text[])
+          RETURNING ", notify_watchers!()),
     args: &[pg_sys::TEXTOID, pg_sys::TEXTOID],
     writes: true,
     generic: false,
