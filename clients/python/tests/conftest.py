@@ -30,3 +30,15 @@ def dsn():
 def conn(dsn):
     with psycopg.connect(dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture
+def effects(conn):
+    """client_test.effect(jsonb): one row per call, in the caller's
+    transaction (what `transact` needs to be exactly once)."""
+    conn.execute("CREATE SCHEMA IF NOT EXISTS client_test")
+    conn.execute("CREATE TABLE IF NOT EXISTS client_test.effects (workflow text, step text, pid int)")
+    conn.execute("""CREATE OR REPLACE FUNCTION client_test.effect(arg jsonb) RETURNS jsonb LANGUAGE sql AS $$
+                      INSERT INTO client_test.effects VALUES (arg->>'workflow', arg->>'step', pg_backend_pid())
+                      RETURNING to_jsonb(arg->>'step') $$""")
+    return conn

@@ -16,6 +16,10 @@ tests) moves only the time the test reads, `pool.clock.now()`, which is
 otherwise the real time: those tests only pass it to `cleanup` as the
 cutoff. `pool.states` is the workflow states stored in the namespace,
 keyed as the fake keys them.
+
+Each store built names the test that built it (pytest's
+PYTEST_CURRENT_TEST) on a line of the file STURDY_NL2DATA_BUILT names, if
+set: test_nl2data.py reads which of the published tests reached the store.
 """
 import os
 import time
@@ -82,6 +86,10 @@ class PostgreSQLStateStore(SturdyStateStore):
     """pg_sturdy's store with the test's times scaled (see the module)."""
 
     def __init__(self, *, pool, now=None, config=None):
+        built = os.environ.get("STURDY_NL2DATA_BUILT")
+        if built:
+            with open(built, "a") as f:
+                f.write(os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0] + "\n")
         super().__init__(pool=_pool(), config=SturdyStoreConfig(
             namespace=pool.namespace, clock_tolerance_seconds=2.0 * SCALE, lease_ttl_seconds=120.0 * SCALE))
 

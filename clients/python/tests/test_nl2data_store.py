@@ -1,15 +1,20 @@
 """The tests of nl2data-workflow-postgres 0.1.0 that could not run as
 published against pg_sturdy's store (test_nl2data.py says why), carried
-here with real time and pg_sturdy's tables, their assertions kept."""
+here with real time and pg_sturdy's tables, their assertions kept; and
+where the store keeps that package's promises its own tests do not check
+(tokens that never go back, the command timeout)."""
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 nl2data = pytest.importorskip("pg_sturdy.nl2data", reason="pip install './clients/python[nl2data]'")
 from nl2data_core.workflow.durable import WorkflowSerializationError  # noqa: E402
 from nl2data_core.workflow.models import WorkflowState, WorkflowStatus  # noqa: E402
+from nl2data_core.workflow.shared_errors import SharedStoreError, SharedStoreErrorCode  # noqa: E402
 
 SCOPE_A = "sha256:" + "a" * 64
 
@@ -80,3 +85,60 @@ def test_token_never_goes_back_after_release_or_cleanup(store):
     assert store.inspect_lease("wf-t") is None
     third = store.acquire_lease("wf-t", owner_id="c", ttl_seconds=1.0)
     assert third.fencing_token > second.fencing_token
+
+
+def test_the_command_timeout_is_the_originals_setting_with_its_default():
+    original = pytest.importorskip("nl2data_workflow_postgres", reason="pip install './clients/python[nl2data-tests]'")
+    ours = nl2data.SturdyStoreConfig().command_timeout_seconds
+    assert ours == original.WorkflowPostgresConfig(namespace="shared").command_timeout_seconds == 10.0
+    with pytest.raises(ValueError):
+        nl2data.SturdyStateStore(pool=object(), config=nl2data.SturdyStoreConfig(command_timeout_seconds=0.0))
+
+
+def renewal_past_the_timeout(dsn, store, lock, params=()):
+    """Renew a lease while another transaction holds its row (`lock`): the
+    error the store raises, and how long the renewal ran."""
+    lease = store.acquire_lease("wf-slow", owner_id="worker-a", ttl_seconds=60.0)
+    with psycopg.connect(dsn) as holder:
+        # (a store that does not time out would wait for the lock forever:
+        # the server ends the holder after 5 s, and the renewal then passes)
+        holder.execute("SET LOCAL idle_in_transaction_session_timeout = '5s'")
+        holder.execute(lock, params)
+        began = time.monotonic()
+        with pytest.raises(SharedStoreError) as excinfo:
+            store.renew_lease("wf-slow", owner_id="worker-a", fencing_token=lease.fencing_token)
+        took = time.monotonic() - began
+        holder.rollback()
+    # the store serves on once the row is free
+    assert store.renew_lease("wf-slow", owner_id="worker-a", fencing_token=lease.fencing_token).owner_id == "worker-a"
+    return excinfo.value, took
+
+
+@pytest.mark.parametrize("config", ["SturdyStoreConfig", "WorkflowPostgresConfig"])
+def test_a_statement_past_the_command_timeout_is_cancelled_as_the_original_cancels_it(dsn, conn, config):
+    """A renewal that waits on a row lock longer than command_timeout_seconds
+    is cancelled by the server and raised as SharedStoreError STORE_TIMEOUT,
+    by pg_sturdy's store with either config and by the original store on the
+    same server, in a schema of its own dropped afterwards."""
+    original = pytest.importorskip("nl2data_workflow_postgres", reason="pip install './clients/python[nl2data-tests]'")
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    configs = {"SturdyStoreConfig": nl2data.SturdyStoreConfig, "WorkflowPostgresConfig": original.WorkflowPostgresConfig}
+    from psycopg_pool import ConnectionPool
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        ours = nl2data.SturdyStateStore(pool=pool, config=configs[config](namespace=namespace,
+                                                                          command_timeout_seconds=0.5))
+        error, took = renewal_past_the_timeout(
+            dsn, ours, "SELECT 1 FROM sturdy.claims WHERE workflow = %s FOR UPDATE",
+            (ours._lease_workflow("wf-slow", None),))
+    assert error.code is SharedStoreErrorCode.STORE_TIMEOUT and error.retryable is True
+    assert 0.5 <= took < 5.0, took
+
+    theirs = original.PostgreSQLStateStore(
+        dsn=dsn, config=original.WorkflowPostgresConfig(namespace=namespace, command_timeout_seconds=0.5))
+    try:
+        expected, _ = renewal_past_the_timeout(dsn, theirs, f'SELECT 1 FROM "{namespace}".workflow_leases FOR UPDATE')
+    finally:
+        theirs.close()
+        conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}" CASCADE')
+    assert (type(error), error.code, error.message, error.retryable, type(error.__cause__)) == (
+        type(expected), expected.code, expected.message, expected.retryable, type(expected.__cause__))

@@ -32,18 +32,6 @@ def until(what, seconds=60):
         time.sleep(0.05)
 
 
-@pytest.fixture
-def effects(conn):
-    """client_test.effect(jsonb): one row per call, in the caller's
-    transaction (what `transact` needs to be exactly once)."""
-    conn.execute("CREATE SCHEMA IF NOT EXISTS client_test")
-    conn.execute("CREATE TABLE IF NOT EXISTS client_test.effects (workflow text, step text, pid int)")
-    conn.execute("""CREATE OR REPLACE FUNCTION client_test.effect(arg jsonb) RETURNS jsonb LANGUAGE sql AS $$
-                      INSERT INTO client_test.effects VALUES (arg->>'workflow', arg->>'step', pg_backend_pid())
-                      RETURNING to_jsonb(arg->>'step') $$""")
-    return conn
-
-
 def running(worker):
     worker.start()
     return worker
@@ -169,28 +157,40 @@ def test_a_fenced_pass_is_dropped(dsn, conn):
     assert conn.execute("SELECT count(*) FROM sturdy.queue WHERE workflow = %s", (wf,)).fetchone() == (0,)
 
 
-def test_sigterm_hands_the_pass_in_flight_back_at_once(dsn, conn):
+@pytest.mark.parametrize("signals, drain", [(1, 2), (2, 60)])
+def test_sigterm_drains_then_hands_the_pass_back_and_a_second_hands_it_back_at_once(dsn, conn, signals, drain):
+    """One SIGTERM: the pass in flight may finish for `drain` seconds, then
+    goes back (visible a second on, its claim released) and the process
+    ends; a second SIGTERM does that at once."""
     q, wf = unique("tq"), unique("w")
     Sturdy(conn).schedule(wf, queue=q)
     script = ("import sys, time; sys.path.insert(0, sys.argv[3])\n"
               "from pg_sturdy import Worker\n"
               "def handle(p):\n"
-              "    print('taken', flush=True); time.sleep(60)\n"
-              "Worker(sys.argv[1], sys.argv[2], handle, lease=__import__('datetime').timedelta(minutes=5)).run()\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, dsn, q, SRC], stdout=subprocess.PIPE, text=True)
+              "    print('taken', flush=True); time.sleep(120)\n"
+              "Worker(sys.argv[1], sys.argv[2], handle, drain=float(sys.argv[4]),\n"
+              "       lease=__import__('datetime').timedelta(minutes=5)).run()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, dsn, q, SRC, str(drain)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "taken"
         started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-        assert time.monotonic() - started < 15
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        time.sleep(0.5)
+        if signals == 1:
+            assert proc.poll() is None, "draining: the pass may still finish"
+        assert proc.wait(30) == 0
+        took = time.monotonic() - started
+        assert took >= (drain if signals == 1 else 0), took
+        assert took < drain + 15 if signals == 1 else took < 15, took
     finally:
         if proc.poll() is None:
             proc.kill()
-    ready, claim_free = conn.execute(
-        "SELECT q.leased_until IS NULL AND q.visible_at <= now(), c.held_until <= now()"
-        " FROM sturdy.queue q JOIN sturdy.claims c USING (workflow) WHERE q.workflow = %s", (wf,)).fetchone()
-    assert ready and claim_free, "handed back: ready now, its claim released (not at the lease's end, 5 minutes)"
+    until(lambda: conn.execute(
+        "SELECT q.leased_until IS NULL AND q.visible_at <= now() AND c.held_until <= now()"
+        " FROM sturdy.queue q JOIN sturdy.claims c USING (workflow) WHERE q.workflow = %s", (wf,)).fetchone()[0],
+        10)
 
 
 def test_two_hundred_workflows_through_workers_killed_mid_step_each_step_once(dsn, conn, effects):

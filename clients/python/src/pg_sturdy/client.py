@@ -6,10 +6,16 @@ on a connection in autocommit mode), so `record` and the application's own
 writes commit or roll back together. Statements are not prepared unless
 asked (`prepare=True`): behind PgBouncer in transaction mode a prepared
 statement may not be on the next server connection.
+
+The calls are described once (`_Calls`, each a builder of `calls`), and
+each class makes them its methods: plain ones on `Sturdy`, coroutines on
+`AsyncSturdy`, with the builder's signature and docstring.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, ParamSpec, TypeVar, overload
+import inspect
+import types
+from typing import Any, Callable, Coroutine, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -22,77 +28,132 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class _Sync(Generic[P, R]):
-    """A method that builds a call's statement and runs it."""
+class _Call(Generic[P, R]):
+    """One call of the extension: a method that builds its statement and
+    runs it with the class's `run` (a coroutine method where `run` is
+    one)."""
 
     def __init__(self, build: Callable[P, Statement[R]]):
         self.build = build
         self.name = build.__name__
-        self.__doc__ = build.__doc__
+        self._methods: dict[type, Callable[..., Any]] = {}
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
+    def method(self, owner: type) -> Callable[..., Any]:
+        """The function the class `owner` has for this call: its signature
+        the builder's with `self` first, its docstring the builder's."""
+        found = self._methods.get(owner)
+        if found is not None:
+            return found
+        build = self.build
+        if inspect.iscoroutinefunction(owner.run):
+            async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return await self.run(build(*args, **kwargs))
+        else:
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                return self.run(build(*args, **kwargs))
+        sig = inspect.signature(build)
+        returns = sig.return_annotation
+        if isinstance(returns, str) and returns.startswith("Statement[") and returns.endswith("]"):
+            returns = returns[len("Statement["):-1]
+        self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        method.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()],  # type: ignore[attr-defined]
+                                           return_annotation=returns)
+        method.__name__ = self.name
+        method.__qualname__ = f"{owner.__name__}.{self.name}"
+        method.__doc__ = build.__doc__
+        method.__module__ = owner.__module__
+        self._methods[owner] = method
+        return method
+
     @overload
-    def __get__(self, obj: None, owner: type) -> "_Sync[P, R]": ...
+    def __get__(self, obj: None, owner: type) -> Callable[..., Any]: ...
 
     @overload
     def __get__(self, obj: "Sturdy", owner: type) -> Callable[P, R]: ...
 
-    def __get__(self, obj: "Sturdy | None", owner: type) -> "Callable[P, R] | _Sync[P, R]":
+    @overload
+    def __get__(self, obj: "AsyncSturdy", owner: type) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        method = self.method(owner)
         if obj is None:
-            return self
-        build = self.build
-
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            return obj.run(build(*args, **kwargs))
-
-        call.__name__ = build.__name__
-        call.__doc__ = build.__doc__
+            return method
+        bound = types.MethodType(method, obj)
         # (kept on the instance: the next look-up finds it there)
-        obj.__dict__[self.name] = call
-        return call
-
-
-class _Async(Generic[P, R]):
-    """A coroutine method that builds a call's statement and runs it."""
-
-    def __init__(self, build: Callable[P, Statement[R]]):
-        self.build = build
-        self.name = build.__name__
-        self.__doc__ = build.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> "_Async[P, R]": ...
-
-    @overload
-    def __get__(self, obj: "AsyncSturdy", owner: type) -> Callable[P, Any]: ...
-
-    def __get__(self, obj: "AsyncSturdy | None", owner: type) -> Any:
-        if obj is None:
-            return self
-        build = self.build
-
-        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            return await obj.run(build(*args, **kwargs))
-
-        call.__name__ = build.__name__
-        call.__doc__ = build.__doc__
-        obj.__dict__[self.name] = call
-        return call
+        obj.__dict__[self.name] = bound
+        return bound
 
 
 def wrapped(cls: type) -> dict[str, Callable[..., Statement[Any]]]:
     """The calls a class wraps, by method name (a test checks them against
     the catalog: `redrive` is two functions, told apart by their arguments,
     and two methods here, `redrive` and `redrive_workflow`)."""
-    return {name: m.build for name, m in vars(cls).items() if isinstance(m, (_Sync, _Async))}
+    return {name: m.build for klass in cls.__mro__ for name, m in vars(klass).items() if isinstance(m, _Call)}
 
 
-class Sturdy:
+class _Calls:
+    """Every call of the extension, for `Sturdy` and `AsyncSturdy` alike."""
+
+    claim = _Call(calls.claim)
+    renew = _Call(calls.renew)
+    release = _Call(calls.release)
+    fence = _Call(calls.fence)
+    record = _Call(calls.record)
+    load = _Call(calls.load)
+    supply = _Call(calls.supply)
+    transact = _Call(calls.transact)
+    schedule = _Call(calls.schedule)
+    take = _Call(calls.take)
+    done = _Call(calls.done)
+    done_many = _Call(calls.done_many)
+    wake_at = _Call(calls.wake_at)
+    extend = _Call(calls.extend)
+    fail = _Call(calls.fail)
+    retry_queue = _Call(calls.retry_queue)
+    redrive_workflow = _Call(calls.redrive_workflow)
+    cancel = _Call(calls.cancel)
+    arrive = _Call(calls.arrive)
+    limit_queue = _Call(calls.limit_queue)
+    pause = _Call(calls.pause)
+    resume = _Call(calls.resume)
+    subscribe = _Call(calls.subscribe)
+    unsubscribe = _Call(calls.unsubscribe)
+    emit = _Call(calls.emit)
+    pump = _Call(calls.pump)
+    redrive = _Call(calls.redrive)
+    start = _Call(calls.start)
+    status = _Call(calls.status)
+    stuck = _Call(calls.stuck)
+    transition = _Call(calls.transition)
+    finish = _Call(calls.finish)
+    watch = _Call(calls.watch)
+    sweep = _Call(calls.sweep)
+    batch = _Call(calls.batch)
+    batch_start = _Call(calls.batch_start)
+    batch_tick = _Call(calls.batch_tick)
+    batch_all = _Call(calls.batch_all)
+    sample = _Call(calls.sample)
+    distribute = _Call(calls.distribute)
+    workflow_place = _Call(calls.workflow_place)
+    queue_changed = _Call(calls.queue_changed)
+    queue_backdated = _Call(calls.queue_backdated)
+    queue_node = _Call(calls.queue_node)
+    grant_usage = _Call(calls.grant_usage)
+    queue_stats = _Call(calls.queue_stats)
+    health = _Call(calls.health)
+
+
+def _raise_translated(e: psycopg.Error) -> NoReturn:
+    mapped = translate(e)
+    if mapped is e:
+        raise e
+    raise mapped from e
+
+
+class Sturdy(_Calls):
     """pg_sturdy's functions on a psycopg connection."""
 
     def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool = False):
@@ -109,61 +170,11 @@ class Sturdy:
             cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
             rows = cur.fetchall() if cur.description else []
         except psycopg.Error as e:
-            mapped = translate(e)
-            if mapped is e:
-                raise
-            raise mapped from e
+            _raise_translated(e)
         return stmt.read(rows)
 
-    claim = _Sync(calls.claim)
-    renew = _Sync(calls.renew)
-    release = _Sync(calls.release)
-    fence = _Sync(calls.fence)
-    record = _Sync(calls.record)
-    load = _Sync(calls.load)
-    supply = _Sync(calls.supply)
-    transact = _Sync(calls.transact)
-    schedule = _Sync(calls.schedule)
-    take = _Sync(calls.take)
-    done = _Sync(calls.done)
-    done_many = _Sync(calls.done_many)
-    wake_at = _Sync(calls.wake_at)
-    extend = _Sync(calls.extend)
-    fail = _Sync(calls.fail)
-    retry_queue = _Sync(calls.retry_queue)
-    redrive_workflow = _Sync(calls.redrive_workflow)
-    cancel = _Sync(calls.cancel)
-    arrive = _Sync(calls.arrive)
-    limit_queue = _Sync(calls.limit_queue)
-    pause = _Sync(calls.pause)
-    resume = _Sync(calls.resume)
-    subscribe = _Sync(calls.subscribe)
-    unsubscribe = _Sync(calls.unsubscribe)
-    emit = _Sync(calls.emit)
-    pump = _Sync(calls.pump)
-    redrive = _Sync(calls.redrive)
-    start = _Sync(calls.start)
-    status = _Sync(calls.status)
-    stuck = _Sync(calls.stuck)
-    transition = _Sync(calls.transition)
-    finish = _Sync(calls.finish)
-    sweep = _Sync(calls.sweep)
-    batch = _Sync(calls.batch)
-    batch_start = _Sync(calls.batch_start)
-    batch_tick = _Sync(calls.batch_tick)
-    batch_all = _Sync(calls.batch_all)
-    sample = _Sync(calls.sample)
-    distribute = _Sync(calls.distribute)
-    workflow_place = _Sync(calls.workflow_place)
-    queue_changed = _Sync(calls.queue_changed)
-    queue_backdated = _Sync(calls.queue_backdated)
-    queue_node = _Sync(calls.queue_node)
-    grant_usage = _Sync(calls.grant_usage)
-    queue_stats = _Sync(calls.queue_stats)
-    health = _Sync(calls.health)
 
-
-class AsyncSturdy:
+class AsyncSturdy(_Calls):
     """pg_sturdy's functions on a psycopg async connection: each a
     coroutine."""
 
@@ -179,55 +190,5 @@ class AsyncSturdy:
             await cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
             rows = await cur.fetchall() if cur.description else []
         except psycopg.Error as e:
-            mapped = translate(e)
-            if mapped is e:
-                raise
-            raise mapped from e
+            _raise_translated(e)
         return stmt.read(rows)
-
-    claim = _Async(calls.claim)
-    renew = _Async(calls.renew)
-    release = _Async(calls.release)
-    fence = _Async(calls.fence)
-    record = _Async(calls.record)
-    load = _Async(calls.load)
-    supply = _Async(calls.supply)
-    transact = _Async(calls.transact)
-    schedule = _Async(calls.schedule)
-    take = _Async(calls.take)
-    done = _Async(calls.done)
-    done_many = _Async(calls.done_many)
-    wake_at = _Async(calls.wake_at)
-    extend = _Async(calls.extend)
-    fail = _Async(calls.fail)
-    retry_queue = _Async(calls.retry_queue)
-    redrive_workflow = _Async(calls.redrive_workflow)
-    cancel = _Async(calls.cancel)
-    arrive = _Async(calls.arrive)
-    limit_queue = _Async(calls.limit_queue)
-    pause = _Async(calls.pause)
-    resume = _Async(calls.resume)
-    subscribe = _Async(calls.subscribe)
-    unsubscribe = _Async(calls.unsubscribe)
-    emit = _Async(calls.emit)
-    pump = _Async(calls.pump)
-    redrive = _Async(calls.redrive)
-    start = _Async(calls.start)
-    status = _Async(calls.status)
-    stuck = _Async(calls.stuck)
-    transition = _Async(calls.transition)
-    finish = _Async(calls.finish)
-    sweep = _Async(calls.sweep)
-    batch = _Async(calls.batch)
-    batch_start = _Async(calls.batch_start)
-    batch_tick = _Async(calls.batch_tick)
-    batch_all = _Async(calls.batch_all)
-    sample = _Async(calls.sample)
-    distribute = _Async(calls.distribute)
-    workflow_place = _Async(calls.workflow_place)
-    queue_changed = _Async(calls.queue_changed)
-    queue_backdated = _Async(calls.queue_backdated)
-    queue_node = _Async(calls.queue_node)
-    grant_usage = _Async(calls.grant_usage)
-    queue_stats = _Async(calls.queue_stats)
-    health = _Async(calls.health)

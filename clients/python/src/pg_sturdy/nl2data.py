@@ -25,7 +25,10 @@ own (pip install './clients/python[nl2data]'):
 
 All times are the server's. A reservation without an expiry is kept for the
 longest `sturdy.idempotency_ttl` allows (about 24 days) and reported with
-none.
+none. Every statement the store runs is bounded by the config's
+`command_timeout_seconds` (`statement_timeout`, set for each of its
+transactions); one cancelled by it raises `SharedStoreError` with code
+`STORE_TIMEOUT`.
 """
 from __future__ import annotations
 
@@ -63,6 +66,10 @@ _INSTANCE_STATUS = {
 }
 # the longest sturdy.idempotency_ttl (an integer of milliseconds)
 _LONGEST_TTL_MS = 2_147_483_647
+# the bounds nl2data-workflow-postgres puts on its command timeout (seconds)
+_COMMAND_TIMEOUT = (0.1, 120.0)
+
+__all__ = ["SturdyStateStore", "SturdyStoreConfig"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class SturdyStoreConfig:
     clock_tolerance_seconds: float = 2.0
     lease_ttl_seconds: float = 120.0
     cleanup_batch_size: int = 500
+    # the longest any one statement of the store may run
+    command_timeout_seconds: float = 10.0
 
 
 def _scope(fingerprint: str | None) -> str:
@@ -90,6 +99,10 @@ class SturdyStateStore:
         self._config = config if config is not None else SturdyStoreConfig()
         if _NAMESPACE.fullmatch(self._config.namespace) is None:
             raise ValueError("namespace must be an identifier")
+        timeout = self._config.command_timeout_seconds
+        if not _COMMAND_TIMEOUT[0] <= timeout <= _COMMAND_TIMEOUT[1]:
+            raise ValueError("command_timeout_seconds must be from 0.1 to 120")
+        self._statement_timeout = f"{int(timeout * 1000)}ms"
         if pool is None:
             from psycopg_pool import ConnectionPool
             pool = ConnectionPool(dsn, min_size=1, max_size=5, open=True)
@@ -128,6 +141,10 @@ class SturdyStateStore:
         try:
             with self._pool.connection() as conn:
                 with conn.transaction():
+                    # (for this transaction only: the pool's connection
+                    # keeps its own setting for whoever takes it next)
+                    conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)",
+                                 (self._statement_timeout,), prepare=False)
                     yield Sturdy(conn)
         except (WorkflowStateError, WorkflowTransitionError, IdempotencyConflictError, SharedStoreError,
                 WorkflowSerializationError, ValueError) as e:
@@ -494,6 +511,10 @@ def _shared(e: BaseException) -> SharedStoreError:
     kind, the message redacted."""
     if isinstance(e, Fenced):
         return SharedStoreError(SharedStoreErrorCode.FENCING_REJECTED, "workflow lease ownership was lost", cause=e)
+    if isinstance(e, psycopg.errors.QueryCanceled):
+        # (a statement past the command timeout, or one cancelled by the
+        # server: nl2data's own mapping makes it STORE_TIMEOUT)
+        return normalize_shared_error(e)
     if isinstance(e, psycopg.errors.UniqueViolation):
         return SharedStoreError(SharedStoreErrorCode.STATE_CONFLICT, "shared state conflict", cause=e)
     if isinstance(e, (psycopg.OperationalError, psycopg.InterfaceError)):
