@@ -8,6 +8,11 @@ on one connection, side by side in one run, of
   worker    `Worker(concurrency=1)` with a handler of one `p.step`: the same
             statements, plus what the worker does around a pass (its
             heartbeat armed and disarmed, the pass's bookkeeping)
+  app       `App.worker(concurrency=1)`: the handler registered for the
+            workflows' process, dispatched by name, its result recorded
+            (None here, so nothing more is sent)
+  command   `python -m pg_sturdy worker bench_app:app` in a process of its
+            own, the same App: counted by the rows it removed in the window
 
 Each side runs BENCH_CLIENT_SECONDS (default 5) at a time on a queue of its
 own kept full, the sides interleaved (each repetition starting with the
@@ -21,6 +26,7 @@ show through the server's noise). Not a test: it measures and reports (docs/benc
 """
 import datetime as dt
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,7 +53,7 @@ LEASE = dt.timedelta(seconds=30)
 def top_up(c, queue, n=30_000):
     have = c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = %s", (queue,)).fetchone()[0]
     if have < n:
-        c.execute("SELECT count(sturdy.schedule(%s || '-' || g, now() - interval '1 hour', %s))"
+        c.execute("SELECT count(sturdy.schedule(%s || '/' || g, now() - interval '1 hour', %s))"
                   " FROM generate_series(%s, %s) g", (queue, queue, int(time.time() * 1e6), int(time.time() * 1e6) + n))
     c.execute("VACUUM sturdy.queue")
 
@@ -99,8 +105,60 @@ def worker(seconds):
     return count[0]
 
 
-SIDES = {"by hand": by_hand, "calls": calls, "worker": worker}
-QUEUES = {"by hand": "hand", "calls": "calls", "worker": "worker"}
+APP_MODULE = """
+from pg_sturdy import App
+app = App({dsn!r}, queue="command")
+count = [0]
+
+@app.workflow("command")
+def handle(p):
+    p.step("work", lambda: {{"n": count[0]}})
+    count[0] += 1
+"""
+
+
+def app(seconds):
+    from pg_sturdy import App
+
+    a = App(DSN, queue="app")
+    count = [0]
+
+    @a.workflow("app")
+    def handle(p: Pass):
+        p.step("work", lambda: {"n": count[0]})
+        count[0] += 1
+
+    # (the rows are workflows of one's own, as the other sides', so the
+    # finish moves no instance: status None)
+    w = a.worker(lease=LEASE, status=None)
+    w.start()
+    time.sleep(seconds)
+    w.stop()
+    w.join()
+    return count[0]
+
+
+def command(seconds):
+    with open(os.path.join(DIR, "bench_app.py"), "w") as f:
+        f.write(APP_MODULE.format(dsn=DSN))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "clients", "python", "src"), DIR]))
+    proc = subprocess.Popen([sys.executable, "-m", "pg_sturdy", "worker", "bench_app:app", "--lease", "30s",
+                             "--log-level", "WARNING"], env=env, cwd=DIR)
+    with psycopg.connect(DSN, autocommit=True) as c:
+        left = lambda: c.execute("SELECT count(*) FROM sturdy.queue WHERE queue = 'command'").fetchone()[0]
+        first = left()
+        while left() == first:  # (started: its import and connection are not in the window)
+            time.sleep(0.01)
+        before = left()
+        time.sleep(seconds)
+        after = left()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    return before - after
+
+
+SIDES = {"by hand": by_hand, "calls": calls, "worker": worker, "app": app, "command": command}
+QUEUES = {"by hand": "hand", "calls": "calls", "worker": "worker", "app": "app", "command": "command"}
 
 
 def main():
@@ -136,24 +194,26 @@ def main():
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", cluster], capture_output=True)
     print(f"Passes a second on one connection (median, range of {REPS} runs of {SECONDS:g} s);"
           " the ratio to by hand taken within each repetition:\n")
-    print("| synchronous_commit | by hand | calls | calls / by hand | worker | worker / by hand |")
-    print("|---|---:|---:|---:|---:|---:|")
+    others = [side for side in SIDES if side != "by hand"]
+    print("| synchronous_commit | by hand | " + " | ".join(f"{o} | {o} / by hand" for o in others) + " |")
+    print("|---|---:|" + "---:|---:|" * len(others))
     for commit in ("on", "off"):
         hand = results[(commit, "by hand")]
         cell = lambda xs: f"{statistics.median(xs):,.0f} ({min(xs):,.0f}..{max(xs):,.0f})"
         ratio = lambda side: [a / b for a, b in zip(results[(commit, side)], hand)]
-        rc, rw = ratio("calls"), ratio("worker")
-        print(f"| {commit} | {cell(hand)} | {cell(results[(commit, 'calls')])} | "
-              f"{statistics.median(rc):.2f} ({min(rc):.2f}..{max(rc):.2f}) | {cell(results[(commit, 'worker')])} | "
-              f"{statistics.median(rw):.2f} ({min(rw):.2f}..{max(rw):.2f}) |")
-
+        cells = []
+        for o in others:
+            r = ratio(o)
+            cells.append(f"{cell(results[(commit, o)])} | {statistics.median(r):.2f} ({min(r):.2f}..{max(r):.2f})")
+        print(f"| {commit} | {cell(hand)} | " + " | ".join(cells) + " |")
 
     print("\nThe client process's CPU a pass (median of the runs, µs; the server's work is not in it):\n")
-    print("| synchronous_commit | by hand | calls | worker |")
-    print("|---|---:|---:|---:|")
+    inside = [side for side in SIDES if side != "command"]  # (the command's CPU is another process's)
+    print("| synchronous_commit | " + " | ".join(inside) + " |")
+    print("|---|" + "---:|" * len(inside))
     for commit in ("on", "off"):
         med = lambda side: statistics.median(cpus[(commit, side)])
-        print(f"| {commit} | {med('by hand'):.0f} | {med('calls'):.0f} | {med('worker'):.0f} |")
+        print(f"| {commit} | " + " | ".join(f"{med(side):.0f}" for side in inside) + " |")
 
 
 if __name__ == "__main__":
