@@ -121,6 +121,7 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("start", "SELECT sturdy.start('pooled-p', 'bk-1', '{}', 'key-1', 'pooled-wf')") == (iid,)
     assert call("status", "SELECT id, status FROM sturdy.status('bk-1')") == (iid, "pending")
     assert call("transition", "SELECT sturdy.transition(%s, 'pending', 'running')", iid) == (True,)
+    assert call("watch", "SELECT status FROM sturdy.watch(%s)", iid) == ("running",)
     assert call("stuck", "SELECT count(*) FROM sturdy.stuck('1 hour')") == (0,)
     assert call("sample", "SELECT sturdy.sample() > 0") == (True,)
     assert call("sweep", "SELECT string_agg(kind, ',' ORDER BY kind) FROM sturdy.sweep('7 days', 10)") == \

@@ -82,16 +82,22 @@ mod tests {
     #[pg_test]
     fn watch_marks_a_live_instance_and_answers_its_status() {
         let id = one::<i64>("SELECT sturdy.start('w', 'bk-watch', '{}')").unwrap();
-        let row = format!("SELECT format('%s %s %s', status, revision, last_error) FROM sturdy.watch({id})");
+        let row = format!(
+            "SELECT format('%s %s %s', status, revision, last_error) FROM sturdy.watch({id})"
+        );
         assert_eq!(one::<String>(&row).as_deref(), Some("pending 1 "));
         assert_eq!(
-            one::<bool>(&format!("SELECT watched FROM sturdy.instances WHERE id = {id}")),
+            one::<bool>(&format!(
+                "SELECT watched FROM sturdy.instances WHERE id = {id}"
+            )),
             Some(true)
         );
         // the end reads the mark: its RETURNING notifies (delivered at
         // commit; pg_test/test_watch.py listens for it)
         assert_eq!(
-            one::<bool>(&format!("SELECT sturdy.transition({id}, 'pending', 'failed', error => 'no')")),
+            one::<bool>(&format!(
+                "SELECT sturdy.transition({id}, 'pending', 'failed', error => 'no')"
+            )),
             Some(true)
         );
         assert_eq!(one::<String>(&row).as_deref(), Some("failed 2 no"));
@@ -105,13 +111,17 @@ mod tests {
     #[pg_test]
     fn watch_leaves_an_ended_instance_unmarked() {
         let id = one::<i64>("SELECT sturdy.start('w', 'bk-ended', '{}')").unwrap();
-        one::<bool>(&format!("SELECT sturdy.transition({id}, 'pending', 'cancelled')"));
+        one::<bool>(&format!(
+            "SELECT sturdy.transition({id}, 'pending', 'cancelled')"
+        ));
         assert_eq!(
             one::<String>(&format!("SELECT status FROM sturdy.watch({id})")).as_deref(),
             Some("cancelled")
         );
         assert_eq!(
-            one::<bool>(&format!("SELECT watched FROM sturdy.instances WHERE id = {id}")),
+            one::<bool>(&format!(
+                "SELECT watched FROM sturdy.instances WHERE id = {id}"
+            )),
             Some(false)
         );
     }
