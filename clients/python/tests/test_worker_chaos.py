@@ -45,8 +45,8 @@ def row(conn, wf):
                         (wf,)).fetchone()
 
 
-def worker_threads():
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("sturdy-"))
+def worker_threads(queue):
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(f"sturdy-{queue}-"))
 
 
 def fast(dsn, q, handler, **kw):
@@ -106,7 +106,7 @@ def test_no_handler_error_stops_a_thread_and_each_failure_is_counted_as_the_poli
             assert kept["error"].startswith(error), kept
         until(lambda: row(conn, wfs["ok"]) is None, 30, "the plain workflow finished")
         assert dict(c[:2] for c in s.load(wfs["ok"]))["$result"] == "fine"
-        assert len(worker_threads()) == 2, worker_threads()  # the thread and its heartbeat, never restarted
+        assert len(worker_threads(q)) == 2, worker_threads(q)  # the thread and its heartbeat, never restarted
         assert w.restarts == 0
     finally:
         w.stop()
