@@ -149,6 +149,7 @@ def command(seconds):
         first = left()
         while left() == first:  # (started: its import and connection are not in the window)
             time.sleep(0.01)
+        time.sleep(1.0)  # (nor its first second, as the other sides run in a process long warm)
         before = left()
         time.sleep(seconds)
         after = left()

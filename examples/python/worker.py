@@ -1,7 +1,8 @@
 """A pg_sturdy worker in Python, on the client (clients/python): each job's
 three steps run once each (a step an earlier pass recorded is replayed, not
 redone), then the pass finishes. Sleeps on LISTEN, or polls behind PgBouncer
-(--poll); SIGTERM hands the job in hand back at once. On Citus,
+(--poll); SIGTERM lets the job in hand finish (for up to 30 s), a second
+SIGTERM hands it back at once. On Citus,
 --on-queue-node takes on the node that holds the queue (sturdy.queue_node),
 where a pass costs what it costs on one server; DSN is the coordinator.
 

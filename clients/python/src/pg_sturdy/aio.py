@@ -26,7 +26,7 @@ import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
@@ -35,7 +35,7 @@ from .client import AsyncSturdy
 from .errors import Conflict, Fenced
 from .passes import (INSTANCE_SQL, NO_DEADLINE, RESULT_STEP, DoNotRetry, Instance, Json, PassBase, RetryAfter,
                      Waiting, WaitTimeout, encode)
-from .worker import Backoff, WorkerFailed, code_of, describe
+from .worker import Backoff, WorkerFailed, code_of, connection_defaults, describe
 
 T = TypeVar("T")
 log = logging.getLogger("pg_sturdy.worker")
@@ -160,9 +160,7 @@ class AsyncWorker:
         self._abandon: asyncio.Event | None = None
 
     async def connect(self) -> psycopg.AsyncConnection[Any]:
-        extra: dict[str, Any] = {}
-        if "application_name" not in conninfo_to_dict(self.dsn):
-            extra["application_name"] = f"pg_sturdy worker {self.queue}"[:63]
+        extra = connection_defaults(self.dsn, self.queue)
         return await psycopg.AsyncConnection.connect(make_conninfo(self.dsn, **extra), autocommit=True,
                                                      connect_timeout=max(1, round(self.connect_timeout)),
                                                      prepare_threshold=5 if self.prepare else None)

@@ -124,6 +124,17 @@ def code_of(e: BaseException) -> str | None:
     return code if isinstance(code, str) and _SQLSTATE.match(code) else None
 
 
+def connection_defaults(dsn: str, queue: str) -> dict[str, Any]:
+    """What a worker's connections set where the dsn sets nothing: its
+    name (`pg_stat_activity` shows whose they are) and TCP keepalives, so
+    a server gone without a word (a failover, a cable) is noticed in about
+    a minute instead of blocking a thread until the kernel gives up."""
+    given = conninfo_to_dict(dsn)
+    wanted: dict[str, Any] = {"application_name": f"pg_sturdy worker {queue}"[:63], "keepalives": 1,
+                              "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
 class Backoff:
     """Reconnect delays: from `first` doubling to `most`, each drawn at
     random between half of it and all of it (so workers that lost one
@@ -307,9 +318,7 @@ class Worker:
         unless asked (psycopg's automatic preparing would leave named
         statements a pooler cannot carry across), named for the queue where
         the dsn names nothing."""
-        extra: dict[str, Any] = {}
-        if "application_name" not in conninfo_to_dict(self.dsn):
-            extra["application_name"] = f"pg_sturdy worker {self.queue}"[:63]
+        extra = connection_defaults(self.dsn, self.queue)
         if host is not None:
             extra.update(host=host, port=port)
         return psycopg.connect(make_conninfo(self.dsn, **extra), autocommit=True,
@@ -626,7 +635,9 @@ class _Heartbeat:
             self.cv.notify_all()
             thread = self.thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            # (a beat stuck on a dead connection ends with its keepalive
+            # timeout; the serving thread does not wait for it past this)
+            thread.join(self.every + 10.0)
 
     def _run(self) -> None:
         conn = None
@@ -674,4 +685,4 @@ class _Heartbeat:
                 s.renew(p.workflow, p.token, self.worker.lease)
 
 
-__all__ = ["Backoff", "Pass", "Worker", "WorkerFailed", "code_of", "describe"]
+__all__ = ["Backoff", "Pass", "Worker", "WorkerFailed", "code_of", "connection_defaults", "describe"]
