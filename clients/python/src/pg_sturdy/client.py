@@ -168,7 +168,10 @@ class Sturdy(_Calls):
         cur = self._cursor
         try:
             cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
-            rows = cur.fetchall() if cur.description else []
+            # (the result's field count, not `description`, which builds a
+            # column object per field on every call)
+            res = cur.pgresult
+            rows = cur.fetchall() if res is not None and res.nfields else []
         except psycopg.Error as e:
             _raise_translated(e)
         return stmt.read(rows)
@@ -188,7 +191,8 @@ class AsyncSturdy(_Calls):
         cur = self._cursor
         try:
             await cur.execute(stmt.sql, stmt.params, prepare=self.prepare)
-            rows = await cur.fetchall() if cur.description else []
+            res = cur.pgresult
+            rows = await cur.fetchall() if res is not None and res.nfields else []
         except psycopg.Error as e:
             _raise_translated(e)
         return stmt.read(rows)

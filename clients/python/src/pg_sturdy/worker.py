@@ -310,7 +310,8 @@ class Worker:
         self._served = time.monotonic()
         self.last_error: BaseException | None = None
         self.restarts = 0
-        # exceptions that ended a thread (kept for whoever runs the worker)
+        # errors after which a thread connected again, a lost connection
+        # aside (kept for whoever runs the worker)
         self.errors: list[BaseException] = []
 
     def _connect_dsn(self, host: str | None = None, port: int | None = None) -> psycopg.Connection[Any]:
@@ -420,6 +421,7 @@ class Worker:
                 if isinstance(e, psycopg.OperationalError):
                     log.warning("worker connection lost, connecting again: %s", e)
                 else:
+                    self.errors.append(e)
                     log.error("worker on %s: connecting again after", self.queue, exc_info=e)
                 self._stop.wait(backoff.next())
 
