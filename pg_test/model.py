@@ -21,7 +21,11 @@ after every step against a reference model of the contract:
     `redrive`, dead exactly at `max_attempts`, never handed out, a finite
     park never dead, `'infinity'` refused with 22023;
   * a one-row take comes back with a row whenever one is ready within the
-    limits; no SQLSTATE outside the documented ones (40P01, XX000, ...).
+    limits; no SQLSTATE outside the documented ones (40P01, XX000, ...);
+  * a job's input: what a take hands out, and what the row holds, is the
+    input of the row's last `schedule_many` (NULL for a row that came back
+    by `schedule`, `arrive` or `start` after it left), kept by every other
+    call and by a dead row.
 
 Not reached (yet): `transact`, `per_second` limits, the order of
 priorities, NOTIFY wakeups.
@@ -59,7 +63,8 @@ fences the claim and frees the place; and capacity-running,
 capacity-per-key, place-after-end, extend-place, lost-workflow,
 survived-removal, attempts, dead, retry-time, backoff, register,
 token-order, idempotency, sqlstate, hang, liveness, server-lost,
-<call>-result (an answer the contract does not allow).
+R-input (a take or the row with another input than the last
+schedule_many's), <call>-result (an answer the contract does not allow).
 """
 import argparse
 import datetime as dt
@@ -295,7 +300,7 @@ class Op:
         if self.status == "ok":
             rows = self.rows
             if self.k == "take":
-                rows = [(w, rdt, tok, att) for (w, rdt, _, tok, att) in rows]
+                rows = [(w, rdt, tok, att, inp) if inp is not None else (w, rdt, tok, att) for (w, rdt, _, tok, att, inp) in rows]
             elif self.k == "extend":
                 rows = [(r[1],) for r in rows]
             res = rows if rows is None or len(rows) != 1 or len(rows[0]) != 1 else rows[0][0]
@@ -358,6 +363,7 @@ class Row:
         self.maybe0 = False     # a schedule may have reset attempts
         self.instance = None    # instance id where the row is an instance's
         self.expect_vis = None  # (earliest, latest, why) its visible_at must be, after a fail
+        self.input = None       # its input (schedule_many's; None: NULL), known unless unc
 
 
 class Snapshot:
@@ -589,9 +595,33 @@ class Model:
             R.pass_.sticky = True   # its old key's place may stay held until its receipt
         R.key = op.meta["key"]
 
+    def on_schedule_many(self, op, R, concurrent):
+        if op.meta["at"] == "inf":
+            self.expect_22023(op, "R2-infinity", "schedule_many(..., 'infinity')")
+            return
+        if op.status != "ok":
+            return
+        count("schedule_many rows", len(op.meta["wfs"]))
+        known = not concurrent and not any(self.rows[w].unc for w in op.meta["wfs"])
+        live = 0
+        for w, inp, key in zip(op.meta["wfs"], op.meta["inputs"], op.meta["keys"]):
+            R = self.rows[w]
+            if concurrent:
+                R.unc = True
+            dead = R.present and R.dead
+            self.wakeup(op, R, op.meta["at_abs"])
+            if dead:
+                continue  # stays dead, its input with it (rule 3)
+            live += 1
+            if R.pass_ is not None and R.pass_.key != key:
+                R.pass_.sticky = True
+            R.key, R.input = key, inp
+        if known and op.rows[0][0] != live:
+            self.fail("schedule_many-count", f"schedule_many answered {op.rows[0][0]}; {live} rows were not dead", op)
+
     def wakeup(self, op, R, at):
         if not R.present:
-            R.present, R.dead, R.attempts, R.pass_, R.key = True, False, 0, None, None
+            R.present, R.dead, R.attempts, R.pass_, R.key, R.input = True, False, 0, None, None, None
             return
         if R.dead:
             return  # stays dead (rule 3): checked at the snapshot
@@ -621,7 +651,7 @@ class Model:
             self.fail("take-max", f"take(max => {op.meta['max']}) handed out {len(op.rows)}", op)
         op.meta["passes"] = []
         kinds = op.meta.get("other_kinds", {})
-        for (w, rdt, rc, token, attempt) in op.rows:
+        for (w, rdt, rc, token, attempt, inp) in op.rows:
             R = self.rows.get(w)
             if R is None or R.q != q:
                 self.fail("phantom", f"take handed out {w}, not a row of {q}", op)
@@ -652,6 +682,9 @@ class Model:
                 count("lapsed passes handed out again")
                 self.end_pass(p, None, "lapse", at=p.receipt)
                 self.tok_unknown.add(w)
+            if not R.unc and not conc and inp != R.input:
+                self.fail("R-input", f"take handed out {w} with input {inp}; its last schedule_many gave"
+                          f" {R.input}", op)
             if "retry" in INJECT and attempt >= 2:
                 self.fail("injected", f"take handed out {w} as attempt {attempt} (--inject retry)", op)
             if expected is not None and attempt != expected:
@@ -990,6 +1023,8 @@ class Model:
                 self.fail("survived-removal", f"{wf} is still in its queue after a call that answered it removed")
             if D is None:
                 continue
+            if D["input"] != R.input:
+                self.fail("R-input", f"{wf} holds input {D['input']}; its last schedule_many gave {R.input}")
             lapsed = p is not None and p.end is None and not p.counted and p.receipt < A.ta
             moved = p is not None and (D["leased_until"] is None or abs(D["leased_until"] - p.receipt) > 1e-6)
             if lapsed and D["attempts"] == R.attempts + 1 and moved:
@@ -1048,7 +1083,7 @@ class Model:
         if D is None:
             R.pass_ = None
             return
-        R.dead, R.attempts, R.key = D["dead"], D["attempts"], D["key"]
+        R.dead, R.attempts, R.key, R.input = D["dead"], D["attempts"], D["key"], D["input"]
         p = R.pass_
         if p is not None and p.end is None:
             if D["leased_until"] is None or abs(D["leased_until"] - p.receipt) > 1e-6:
@@ -1213,6 +1248,12 @@ def gen_op(rng, m, links_busy):
     def pass_conn(p):
         return p.conn if rng.random() < 0.8 else rng.randrange(WORKERS)
 
+    if r < 0.16 and rng.random() < 0.25:
+        q = rng.choice(QUEUES)
+        ws = rng.sample(WFS[q], min(len(WFS[q]), rng.choice([1, 2, 3])))
+        return {"k": "schedule_many", "c": rng.choice([worker, OPERATOR]), "wfs": ws, "q": q, "at": at_choice(),
+                "prio": rng.choice([0, 0, 0, 1, 2]), "keys": [rng.choice(KEYS) for _ in ws],
+                "inputs": [None if rng.random() < 0.2 else n for n in range(len(ws))]}
     if r < 0.16:
         w = any_wf()
         return {"k": "schedule", "c": rng.choice([worker, OPERATOR]), "wf": w, "at": at_choice(),
@@ -1391,9 +1432,24 @@ class Run:
                 meta["expect_error"] = "22023"
             op.sql = f"SELECT sturdy.schedule(%s, {a}, %s, priority => %s, key => %s)"
             op.params = (wf, *ap, qn(q), spec["prio"], spec["key"])
+        elif k == "schedule_many":
+            ws = [m.full(w) for w in spec["wfs"]]
+            if any(w is None or w not in m.rows for w in ws):
+                return False
+            a, ap = at_sql(spec["at"])
+            meta["at"], meta["at_abs"] = spec["at"], (ap[0].timestamp() if ap else None)
+            meta["wfs"], meta["touches"], meta["keys"] = ws, ws, spec["keys"]
+            # each input names the call and the row: a take's answer says which write it saw
+            meta["inputs"] = [None if i is None else {"step": op.step, "c": op.c, "n": i} for i in spec["inputs"]]
+            if spec["at"] == "inf":
+                meta["expect_error"] = "22023"
+            op.sql = (f"SELECT sturdy.schedule_many(%s::text[], %s::jsonb[], %s, {a}, priority => %s,"
+                      " keys => %s::text[])")
+            op.params = (ws, [None if i is None else json.dumps(i) for i in meta["inputs"]], qn(q), *ap,
+                         spec["prio"], spec["keys"])
         elif k == "take":
             meta["lease"], meta["max"] = spec["lease"], spec["max"]
-            op.sql = ("SELECT workflow, receipt, extract(epoch from receipt)::float8, token, attempt"
+            op.sql = ("SELECT workflow, receipt, extract(epoch from receipt)::float8, token, attempt, input"
                       " FROM sturdy.take(%s, %s, max => %s, claim => %s)")
             op.params = (qn(q), dt.timedelta(seconds=spec["lease"]), spec["max"], spec["claim"])
             # the rows it may meet
@@ -1489,13 +1545,13 @@ class Run:
         tb = c.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()[0]
         qs = list(self.m.qname.values())
         rows = {}
-        for (q, w, dead, vis, lu, att, fa, key) in c.execute(
+        for (q, w, dead, vis, lu, att, fa, key, inp) in c.execute(
                 "SELECT queue, workflow, visible_at = 'infinity',"
                 " CASE WHEN isfinite(visible_at) THEN extract(epoch from visible_at)::float8 END,"
                 " extract(epoch from leased_until)::float8, COALESCE(attempts, 0),"
-                " extract(epoch from failed_at)::float8, key FROM sturdy.queue WHERE queue = ANY(%s)", (qs,)):
+                " extract(epoch from failed_at)::float8, key, input FROM sturdy.queue WHERE queue = ANY(%s)", (qs,)):
             rows[w] = {"q": q, "dead": dead, "visible_at": vis, "leased_until": lu, "attempts": att,
-                       "failed_at": fa, "key": key}
+                       "failed_at": fa, "key": key, "input": inp}
         places = c.execute(
             "SELECT queue, NULL::text, workflow, extract(epoch from receipt)::float8 FROM sturdy.queue_places"
             " WHERE queue = ANY(%s) AND workflow IS NOT NULL"

@@ -67,6 +67,21 @@ test('done, then done_many for a batch', async (c) => {
   assert.equal(removed.removed, '4');
 });
 
+test('jobs with their input, enqueued in bulk: schedule_many, and take hands each input out', async (c) => {
+  // each input as its JSON text: node-postgres writes a JavaScript array
+  // inside an array parameter as a nested SQL array, not as JSON
+  const inputs = [{ to: 'a@example.com' }, null, [1, 2]].map((v) => (v === null ? null : JSON.stringify(v)));
+  const queued = await one(c, 'SELECT sturdy.schedule_many($1, $2, $3) AS n',
+    [['job-1', 'job-2', 'job-3'], inputs, 'jobs']);
+  assert.equal(queued.n, '3');
+  const jobs = (await c.query('SELECT workflow, receipt, input FROM sturdy.take($1, $2, $3)', ['jobs', '1 minute', 10])).rows;
+  assert.deepEqual(jobs.map((j) => [j.workflow, j.input]),
+    [['job-1', { to: 'a@example.com' }], ['job-2', null], ['job-3', [1, 2]]]);
+  const removed = await one(c, 'SELECT sturdy.done_many($1, $2, $3) AS removed',
+    [jobs.map((j) => j.workflow), jobs.map((j) => j.receipt), 'jobs']);
+  assert.equal(removed.removed, '3');
+});
+
 test('wake_at suspends, arrive wakes', async (c) => {
   await c.query('SELECT sturdy.schedule($1, $2, $3)', ['loan-1', new Date(Date.now() - 1000), 'loans']);
   const job = await one(c, 'SELECT workflow, receipt FROM sturdy.take($1)', ['loans']);

@@ -94,7 +94,7 @@ def test_cancel_after_a_wakeup_fences_the_pass_and_frees_its_place():
         c.execute("SELECT sturdy.schedule(%s, now() - interval '1 minute', %s)", (a, q))
         c.execute("SELECT sturdy.schedule(%s, now() - interval '30 seconds', %s)", (b, q))
     with connect() as worker, connect() as outside:
-        w, _, token, _ = worker.execute("SELECT * FROM sturdy.take(%s, '1 minute', claim => true)", (q,)).fetchone()
+        w, _, token, *_ = worker.execute("SELECT * FROM sturdy.take(%s, '1 minute', claim => true)", (q,)).fetchone()
         assert w == a and token is not None
         outside.execute("SELECT sturdy.schedule(%s, now(), %s)", (a, q))
         assert outside.execute("SELECT sturdy.cancel(%s, %s)", (a, q)).fetchone()[0] is True
@@ -124,7 +124,7 @@ def test_cancel_after_a_counted_lapse_fences_the_live_worker_and_frees_its_place
         c.execute("SELECT sturdy.schedule(%s, now() - interval '1 minute', %s)", (a, q))
         c.execute("SELECT sturdy.schedule(%s, now() - interval '30 seconds', %s)", (b, q))
     with connect() as worker, connect() as outside:
-        w, receipt, token, _ = worker.execute("SELECT * FROM sturdy.take(%s, '0.3 seconds', claim => true)",
+        w, receipt, token, *_ = worker.execute("SELECT * FROM sturdy.take(%s, '0.3 seconds', claim => true)",
                                               (q,)).fetchone()
         assert w == a and token is not None
         wait_past(outside, receipt)
@@ -333,7 +333,7 @@ def test_cancel_and_the_end_of_the_same_pass_never_deadlock(ender):
     with connect() as c:
         reset(c, q)
         c.execute("SELECT sturdy.schedule(%s, now() - interval '1 minute', %s)", (a, q))
-        w, receipt, token, _ = c.execute("SELECT * FROM sturdy.take(%s, '1 minute', claim => true)", (q,)).fetchone()
+        w, receipt, token, *_ = c.execute("SELECT * FROM sturdy.take(%s, '1 minute', claim => true)", (q,)).fetchone()
         assert w == a and token is not None
     got = {}
     with connect(autocommit=False) as s1, connect() as s2:

@@ -122,6 +122,8 @@ def test_every_function_of_the_catalog_through_transaction_pooling(bouncer):
     assert call("status", "SELECT id, status FROM sturdy.status('bk-1')") == (iid, "pending")
     assert call("transition", "SELECT sturdy.transition(%s, 'pending', 'running')", iid) == (True,)
     assert call("watch", "SELECT status FROM sturdy.watch(%s)", iid) == ("running",)
+    assert call("schedule_many", "SELECT sturdy.schedule_many(ARRAY['pooled-j1', 'pooled-j2'],"
+                " ARRAY['{\"n\": 1}', NULL]::jsonb[], 'pooled-jobs')") == (2,)
     assert call("stuck", "SELECT count(*) FROM sturdy.stuck('1 hour')") == (0,)
     assert call("sample", "SELECT sturdy.sample() > 0") == (True,)
     assert call("sweep", "SELECT string_agg(kind, ',' ORDER BY kind) FROM sturdy.sweep('7 days', 10)") == \

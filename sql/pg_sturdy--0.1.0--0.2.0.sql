@@ -71,6 +71,10 @@ COMMENT ON COLUMN sturdy.queue.last_error IS 'The error its last failed pass gav
 COMMENT ON COLUMN sturdy.queue.last_sqlstate IS 'The SQLSTATE-like code its last failed pass gave with the error (fail''s code), if any.';
 COMMENT ON COLUMN sturdy.queue.failed_at IS
     'When its last pass failed. With visible_at ''infinity'' the row is dead: it failed its queue''s max_attempts times and is never handed out again (redrive or cancel it).';
+-- A job's input (schedule_many; see sql/queue.sql).
+ALTER TABLE sturdy.queue ADD COLUMN input jsonb;
+COMMENT ON COLUMN sturdy.queue.input IS
+    'The job''s input (schedule_many''s inputs), handed out by take with each pass; NULL: none. Kept by schedule, wake_at, arrive and fail; replaced by the next schedule_many of the workflow.';
 
 -- Failing passes: a queue's retry policy (retry_queue). A queue without a
 -- row here retries as retry_queue's defaults say: 25 attempts, 1 s doubled
@@ -244,6 +248,13 @@ BEGIN
     END LOOP;
 END $$;
 
+-- src/queue/schedule.rs
+CREATE FUNCTION sturdy.schedule_many(workflows text[], inputs jsonb[] DEFAULT NULL, queue text DEFAULT 'default', visible_at timestamptz DEFAULT now(), priority integer DEFAULT 0, keys text[] DEFAULT NULL) RETURNS bigint VOLATILE PARALLEL UNSAFE
+    LANGUAGE c SECURITY INVOKER
+    AS 'MODULE_PATHNAME', 'sturdy_schedule_many';
+COMMENT ON FUNCTION sturdy.schedule_many(workflows text[], inputs jsonb[], queue text, visible_at timestamptz, priority integer, keys text[]) IS
+    'schedule for a batch in one call: each workflow made visible in queue at visible_at and priority, with the input (jsonb) and key at the same position of inputs and keys (NULL arrays or elements: none), which take hands out with each pass. At most 10000 a call; a dead row stays dead. Returns how many rows were scheduled.';
+
 -- done's array form under a name of its own (src/queue.rs): two functions
 -- named done whose arguments differ only in type cannot be told apart by a
 -- call with untyped parameters (node-postgres, pgx, pgbench -M prepared
@@ -268,11 +279,11 @@ BEGIN
         AND a.privilege_type = 'EXECUTE' AND a.grantee = r.oid AND a.grantee <> p.proowner;
 END $$;
 DROP FUNCTION sturdy.take(text, interval, integer, boolean);
-CREATE FUNCTION sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute', max integer DEFAULT 1, claim boolean DEFAULT false, wake boolean DEFAULT true) RETURNS TABLE (workflow text, receipt timestamptz, token bigint, attempt integer) VOLATILE PARALLEL UNSAFE ROWS 10
+CREATE FUNCTION sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute', max integer DEFAULT 1, claim boolean DEFAULT false, wake boolean DEFAULT true) RETURNS TABLE (workflow text, receipt timestamptz, token bigint, attempt integer, input jsonb) VOLATILE PARALLEL UNSAFE ROWS 10
     LANGUAGE c SECURITY INVOKER
     AS 'MODULE_PATHNAME', 'sturdy_take';
 COMMENT ON FUNCTION sturdy.take(queue text, lease interval, max integer, claim boolean, wake boolean) IS
-    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). attempt says which attempt this pass is: 1, or one more than the passes of the row that failed (fail, retry_queue). Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing.';
+    'Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease''s end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). attempt says which attempt this pass is: 1, or one more than the passes of the row that failed (fail, retry_queue); input is the job''s input (schedule_many), NULL for none. Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing.';
 REVOKE ALL ON FUNCTION sturdy.take(text, interval, integer, boolean, boolean) FROM PUBLIC;
 DO $$
 DECLARE

@@ -25,6 +25,8 @@ CREATE TABLE sturdy.queue (
     last_error    text,
     last_sqlstate text,
     failed_at     timestamptz,
+    -- A job's input (schedule_many): NULL, and so free, for a queue of names
+    input         jsonb,
     PRIMARY KEY (queue, workflow)
 ) WITH (fillfactor = 45, vacuum_truncate = false);
 ALTER SEQUENCE sturdy.queue_seq OWNED BY sturdy.queue.seq;
@@ -103,6 +105,9 @@ COMMENT ON COLUMN sturdy.queue.last_error IS 'The error its last failed pass gav
 COMMENT ON COLUMN sturdy.queue.last_sqlstate IS 'The SQLSTATE-like code its last failed pass gave with the error (fail''s code), if any.';
 COMMENT ON COLUMN sturdy.queue.failed_at IS
     'When its last pass failed. With visible_at ''infinity'' the row is dead: it failed its queue''s max_attempts times and is never handed out again (redrive or cancel it).';
+
+COMMENT ON COLUMN sturdy.queue.input IS
+    'The job''s input (schedule_many''s inputs), handed out by take with each pass; NULL: none. Kept by schedule, wake_at, arrive and fail; replaced by the next schedule_many of the workflow.';
 
 -- Failing passes: a queue's retry policy (retry_queue). A queue without a
 -- row here retries as retry_queue's defaults say: 25 attempts, 1 s doubled

@@ -148,6 +148,15 @@ impl FromDatum for Jsonb {
 }
 
 impl Jsonb {
+    /// A copy, in the current memory context and detoasted, of the `jsonb`
+    /// datum `d` (one that points into a buffer about to be released).
+    pub fn copied(d: pg_sys::Datum) -> Jsonb {
+        // SAFETY: `d` is a live `jsonb` datum.
+        Jsonb(pg_sys::Datum::from(unsafe {
+            pg_sys::pg_detoast_datum_copy(d.cast_mut_ptr())
+        }))
+    }
+
     /// The JSON type of the top-level value, as `jsonb_typeof` names it for
     /// containers: `object`, `array`, or `scalar` for a string, number,
     /// boolean or null.
@@ -318,6 +327,12 @@ array_type!(
     pg_sys::TIMESTAMPTZARRAYOID
 );
 
+array_type!(
+    /// A `jsonb[]` argument.
+    JsonbArray,
+    pg_sys::JSONBARRAYOID
+);
+
 /// One-dimensional arrays read element by element, without copies: the
 /// elements point into the array, which lives as long as the call's argument.
 impl TextArray {
@@ -331,6 +346,15 @@ impl TextArray {
             .into_iter()
             .map(|d| d.map(|d| unsafe { pgrx::varlena::varlena_to_byte_slice(d.cast_mut_ptr()) }))
             .collect()
+    }
+}
+
+impl JsonbArray {
+    /// Each element (`None` for NULL), in order, pointing into the array
+    /// (an array's elements are stored whole, never toasted). Only for an
+    /// array [`elements`](Self::elements) found one-dimensional.
+    pub fn each(&self) -> Vec<Option<pg_sys::Datum>> {
+        deconstruct(self.0, pg_sys::JSONBOID, -1, false, pg_sys::TYPALIGN_INT)
     }
 }
 

@@ -64,6 +64,7 @@ fn sql_types_for(rust: &str) -> &'static [&'static str] {
         "Oid" => &["regprocedure", "regclass", "oid"],
         "TextArray" => &["text[]"],
         "TimestampArray" => &["timestamptz[]"],
+        "JsonbArray" => &["jsonb[]"],
         "SqlName" => &["name"],
         "f64" => &["float8"],
         _ => &[],

@@ -1087,6 +1087,8 @@ def test_every_function_of_the_catalog_answers_through_the_coordinator():
         assert call("status", "SELECT status FROM sturdy.status('every-bk')") == ("pending",)
         assert call("transition", "SELECT sturdy.transition(%s, 'pending', 'running')", i) == (True,)
         assert call("watch", "SELECT status FROM sturdy.watch(%s)", i) == ("running",)
+        assert call("schedule_many", "SELECT sturdy.schedule_many(ARRAY['every-j1', 'every-j2'],"
+                    " ARRAY['{\"n\": 1}', NULL]::jsonb[], 'every-jobs')") == (2,)
         assert call("stuck", "SELECT count(*) FROM sturdy.stuck('1 hour') WHERE business_key = 'every-bk'") == (0,)
         assert call("batch", "SELECT done FROM sturdy.batch('every_app.rows', 'state = $1', 'state = $2',"
                     " ARRAY['done', 'new'], chunk => 20)") == (20,)

@@ -13,6 +13,9 @@ pub struct Leased {
     pub tid: pg_sys::ItemPointerData,
     /// Its `attempts` column (failed passes; `None` where NULL, none).
     pub attempts: Option<i32>,
+    /// Its `jsonb` input column (`None` where NULL), pointing into the new
+    /// row version (possibly a toast pointer: copy it detoasted).
+    pub input: Option<pg_sys::Datum>,
 }
 
 /// What a take's gate says of a due row (see [`Admitting`]).
@@ -51,6 +54,8 @@ pub struct LeaseColumns {
     pub key: Col,
     /// Returned (an `integer`: the passes that failed).
     pub attempts: Col,
+    /// Returned (a `jsonb`).
+    pub input: Col,
 }
 
 /// How many entries of its queue a take's scan reads before it stops and is
@@ -222,11 +227,13 @@ impl Opened {
                     // (the key is NOT NULL)
                     let key = slot_value(version, cols.key).unwrap_or(pg_sys::Datum::from(0));
                     let attempts = slot_value(version, cols.attempts).map(|d| d.value() as i32);
+                    let input = slot_value(version, cols.input);
                     leased(Leased {
                         key,
                         place,
                         tid: (*version).tts_tid,
                         attempts,
+                        input,
                     });
                     pg_sys::ExecDropSingleTupleTableSlot(version);
                     return Ok(true);
@@ -257,6 +264,7 @@ impl Opened {
             )
             || !typed(&[c.seq], pg_sys::INT8OID)
             || !typed(&[c.takes, c.attempts], pg_sys::INT4OID)
+            || !typed(&[c.input], pg_sys::JSONBOID)
         {
             return None;
         }
@@ -273,6 +281,7 @@ impl Opened {
                 takes: at(c.takes),
                 key: at(c.key),
                 attempts: at(c.attempts),
+                input: at(c.input),
             },
         ))
     }
@@ -289,6 +298,7 @@ struct Attnums {
     takes: pg_sys::AttrNumber,
     key: pg_sys::AttrNumber,
     attempts: pg_sys::AttrNumber,
+    input: pg_sys::AttrNumber,
 }
 
 /// One `lease_first`: what it leases and how, for its steps.

@@ -21,8 +21,8 @@ use crate::workflow;
 #[sql_function(
     "sturdy.take(queue text DEFAULT 'default', lease interval DEFAULT '1 minute',
                  max integer DEFAULT 1, claim boolean DEFAULT false, wake boolean DEFAULT true)
-     RETURNS TABLE (workflow text, receipt timestamptz, token bigint, attempt integer) VOLATILE PARALLEL UNSAFE ROWS 10",
-    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease's end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). attempt says which attempt this pass is: 1, or one more than the passes of the row that failed (fail, retry_queue). Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing."
+     RETURNS TABLE (workflow text, receipt timestamptz, token bigint, attempt integer, input jsonb) VOLATILE PARALLEL UNSAFE ROWS 10",
+    comment = "Lease up to max of the oldest visible rows of queue for lease (FOR UPDATE SKIP LOCKED: concurrent takers never share a row). receipt is the lease's end (leased_until), which done and wake_at must match. With claim, each workflow is also claimed for the same lease (token NULL where someone still holds it). attempt says which attempt this pass is: 1, or one more than the passes of the row that failed (fail, retry_queue); input is the job's input (schedule_many), NULL for none. Finding nothing marks the queue as having a waiter, so the next schedule there notifies; with wake false (a worker that polls and cannot LISTEN, as behind PgBouncer in transaction mode) it marks nothing."
 )]
 fn take(
     call: &Args,

@@ -158,30 +158,30 @@ static TAKE_KEYED: Statement = Statement {
                  ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM go))
                  AND q.leased_until IS NULL
-              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt),
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt, q.input),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
                 FROM taken t JOIN go g ON g.workflow OPERATOR(pg_catalog.=) t.workflow
                WHERE t.receipt IS NOT NULL
                  AND p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, NULL::pg_catalog.text, false,
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, t.input, NULL::pg_catalog.text, false,
                  NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text, NULL::pg_catalog.timestamptz
             FROM taken t
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, l.workflow, l.leased_until
+          SELECT NULL, NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, l.workflow, l.leased_until
             FROM locked l WHERE l.leased_until IS NOT NULL
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, k.key, false, NULL, NULL, NULL, NULL
+          SELECT NULL, NULL, NULL, NULL, NULL, k.key, false, NULL, NULL, NULL, NULL
             FROM (SELECT DISTINCT key FROM locked WHERE key IS NOT NULL) k
            WHERE NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) k.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL, NULL FROM go g
+          SELECT NULL, NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL, NULL FROM go g
            WHERE NOT EXISTS (SELECT FROM taken t WHERE t.workflow OPERATOR(pg_catalog.=) g.workflow
                                                    AND t.receipt IS NOT NULL)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL, NULL FROM head h"
+          SELECT NULL, NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL, NULL FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
@@ -249,29 +249,29 @@ static TAKE_KEYED_ONE: Statement = Statement {
                  ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM go)
                  AND q.leased_until IS NULL
-              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt),
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt, q.input),
           held AS (
               UPDATE sturdy.queue_key_places p SET workflow = t.workflow, receipt = t.receipt
                 FROM taken t, go g
                WHERE t.receipt IS NOT NULL
                  AND p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) g.key
                  AND p.place OPERATOR(pg_catalog.=) g.place)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, NULL::pg_catalog.text, false,
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, t.input, NULL::pg_catalog.text, false,
                  NULL::pg_catalog.timestamptz, NULL::pg_catalog.int8, NULL::pg_catalog.text, NULL::pg_catalog.timestamptz
             FROM taken t
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, c.workflow, c.leased_until
+          SELECT NULL, NULL, NULL, NULL, NULL, NULL, false, NULL, NULL, c.workflow, c.leased_until
             FROM cand c WHERE c.leased_until IS NOT NULL
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, c.key, false, NULL, NULL, NULL, NULL FROM cand c
+          SELECT NULL, NULL, NULL, NULL, NULL, c.key, false, NULL, NULL, NULL, NULL FROM cand c
            WHERE c.key IS NOT NULL
              AND NOT EXISTS (SELECT FROM sturdy.queue_key_places p
                               WHERE p.queue OPERATOR(pg_catalog.=) $1 AND p.key OPERATOR(pg_catalog.=) c.key)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL, NULL FROM go g
+          SELECT NULL, NULL, NULL, NULL, NULL, NULL, true, NULL, NULL, NULL, NULL FROM go g
            WHERE NOT EXISTS (SELECT FROM taken WHERE receipt IS NOT NULL)
           UNION ALL
-          SELECT NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL, NULL FROM head h"
+          SELECT NULL, NULL, NULL, NULL, NULL, NULL, false, h.visible_at, h.seq, NULL, NULL FROM head h"
     ),
     args: &[
         pg_sys::TEXTOID,
@@ -364,13 +364,13 @@ pub(super) fn take_from(
                 // MAKE_PLACES reads it; the model checker's keyed takes
                 // crashed the backend in that read)
                 let placeless: Vec<Vec<u8>> = (0..r.len())
-                    .filter_map(|i| r.text_bytes(i, 5).map(<[u8]>::to_vec))
+                    .filter_map(|i| r.text_bytes(i, 6).map(<[u8]>::to_vec))
                     .collect();
-                let missed = (0..r.len()).any(|i| r.get::<bool>(i, 6) == Some(true));
+                let missed = (0..r.len()).any(|i| r.get::<bool>(i, 7) == Some(true));
                 let head = (0..r.len())
-                    .filter_map(|i| Some((r.timestamptz(i, 7)?, r.get::<i64>(i, 8)?)))
+                    .filter_map(|i| Some((r.timestamptz(i, 8)?, r.get::<i64>(i, 9)?)))
                     .min();
-                note_lapsed(&r, 9);
+                note_lapsed(&r, 10);
                 Ok((leased, placeless, missed, head))
             },
         )?;

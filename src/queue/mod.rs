@@ -53,7 +53,7 @@ use pgrx::pg_sys;
 
 use crate::access;
 use crate::args::{self, Name};
-use crate::datum::{Text, TextArray, TidArray, TimestampArray};
+use crate::datum::{Jsonb, JsonbArray, Text, TextArray, TidArray, TimestampArray};
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
 use crate::heads;
@@ -82,6 +82,7 @@ mod wakeups;
 mod tests {
     include!("tests.rs");
     include!("fail_tests.rs");
+    include!("input_tests.rs");
 }
 
 pub(crate) use done::remove as remove_done;
@@ -113,6 +114,7 @@ static QUEUE: access::Table = access::Table::new(
         c"priority",
         c"key",
         c"attempts",
+        c"input",
     ],
 );
 const Q_QUEUE: access::Col = access::Col(0);
@@ -126,6 +128,7 @@ const Q_SCHEDULED_AT: access::Col = access::Col(7);
 const Q_PRIORITY: access::Col = access::Col(8);
 const Q_KEY: access::Col = access::Col(9);
 const Q_ATTEMPTS: access::Col = access::Col(10);
+const Q_INPUT: access::Col = access::Col(11);
 
 /// The last finite `timestamptz`: `'infinity'` (a dead row's `visible_at`,
 /// `fail.rs`) is past it, and no schedule or `wake_at` may write it.
@@ -140,4 +143,5 @@ static LEASE_COLUMNS: access::LeaseColumns = access::LeaseColumns {
     takes: Q_TAKES,
     key: Q_WORKFLOW,
     attempts: Q_ATTEMPTS,
+    input: Q_INPUT,
 };

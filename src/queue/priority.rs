@@ -178,8 +178,8 @@ static TAKE_PRIORITIZED: Statement = Statement {
                  ", super::sql::taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
                  AND q.leased_until IS NULL
-              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt)
-          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt,
+              RETURNING q.workflow, q.leased_until AS receipt, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt, q.input)
+          SELECT t.workflow, t.receipt, NULL::pg_catalog.int8, t.attempt, t.input,
                  (SELECT p FROM levels LIMIT 1) IS NOT NULL, d.workflow IS NOT NULL,
                  CASE WHEN d.leased_until IS NOT NULL THEN d.workflow END, d.leased_until
             FROM (SELECT) one
@@ -224,11 +224,11 @@ pub(super) fn take(
             ],
             |r| {
                 let leased = leased(&r);
-                let any = !r.is_empty() && r.get::<bool>(0, 5).unwrap_or(false);
+                let any = !r.is_empty() && r.get::<bool>(0, 6).unwrap_or(false);
                 // a row of `due` the update did not lease
                 let missed = (0..r.len())
-                    .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 6) == Some(true));
-                note_lapsed(&r, 7);
+                    .any(|i| r.text_bytes(i, 1).is_none() && r.get::<bool>(i, 7) == Some(true));
+                note_lapsed(&r, 8);
                 Ok((leased, missed, any))
             },
         )?;

@@ -4,22 +4,26 @@ use super::*;
 
 /// What a schedule says of the row besides when: its priority and key. A
 /// schedule gives both, the defaults included; `arrive` and `start` leave a
-/// row's own as they are (a new row gets the defaults).
+/// row's own as they are (a new row gets the defaults). `input`: the job's
+/// input `schedule_many` writes (`Some(None)`: NULL, none); `None` where
+/// the call writes none and the row keeps its own (`schedule`).
 #[derive(Clone, Copy)]
 pub struct Placing {
     pub priority: i32,
     pub key: Option<Name>,
+    pub input: Option<Option<Jsonb>>,
 }
 
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
 /// arguments, placed as `placing` says (`None`: as the row stands).
-/// `schedule`, `arrive` and `start` all end here.
+/// `schedule`, `schedule_many`, `arrive` and `start` all end here. False
+/// where the row is dead and stays so.
 pub fn schedule_at(
     workflow: Name,
     visible_at: TimestampWithTimeZone,
     queue: Name,
     placing: Option<Placing>,
-) -> Result<()> {
+) -> Result<bool> {
     // `now()` in SQL: the transaction's start
     let now = pg_sys::TimestampTz::from(pgrx::datum::now());
     let at = pg_sys::TimestampTz::from(visible_at);
@@ -32,7 +36,13 @@ pub fn schedule_at(
             Some(pg_sys::Datum::from(priority)),
         ),
         (Q_KEY, pg_sys::TEXTOID, key),
+        (
+            Q_INPUT,
+            pg_sys::JSONBOID,
+            placing.and_then(|p| p.input).flatten().map(|j| j.0),
+        ),
     ];
+    let given_input = placing.is_some_and(|p| p.input.is_some());
     // [`SCHEDULE`]'s upsert without the statement, where nothing it would
     // do is skipped that way (see `access`)
     let upserted = match (queue.into_datum(), workflow.into_datum()) {
@@ -54,11 +64,14 @@ pub fn schedule_at(
                     ),
                     placed[0],
                     placed[1],
+                    placed[2],
                 ];
-                // placed by the schedule, or (arrive, start) on insert only
+                // placed by the schedule (the input where one is given), or
+                // (arrive, start) on insert only
                 let (set, insert_only) = match placing {
-                    Some(_) => (&set[..], &[][..]),
-                    None => (&set[..3], &placed[..]),
+                    Some(_) if given_input => (&set[..], &[][..]),
+                    Some(_) => (&set[..5], &[][..]),
+                    None => (&set[..3], &placed[..2]),
                 };
                 table.upsert(&access::Upsert {
                     key: &[(Q_QUEUE, q), (Q_WORKFLOW, w)],
@@ -79,10 +92,22 @@ pub fn schedule_at(
     };
     if upserted == Some(access::Upserted::Kept) {
         // dead: only redrive (or cancel) moves it
-        return Ok(());
+        return Ok(false);
     }
     if upserted.is_none() {
         let changed = match placing {
+            Some(p) if given_input => run_one(
+                &SCHEDULE_INPUT,
+                &[
+                    workflow.into(),
+                    visible_at.into(),
+                    queue.into(),
+                    p.priority.into(),
+                    p.key.map_or_else(plan::null::<Text>, Into::into),
+                    p.input.flatten().map_or_else(plan::null::<Jsonb>, Into::into),
+                ],
+                |t| Ok(!t.is_empty()),
+            )?,
             Some(p) if schema::current() => run_one(
                 &SCHEDULE_PLACED,
                 &[
@@ -101,7 +126,7 @@ pub fn schedule_at(
             )?,
         };
         if !changed {
-            return Ok(());
+            return Ok(false);
         }
     }
     if priority > 0 {
@@ -113,7 +138,7 @@ pub fn schedule_at(
     if at <= now {
         wake_if_waited(queue)?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A time a row may be made visible at: anything but `'infinity'`, which
@@ -175,7 +200,116 @@ fn schedule(
             ),
         });
     }
-    schedule_at(workflow, visible_at, queue, Some(Placing { priority, key }))
+    schedule_at(
+        workflow,
+        visible_at,
+        queue,
+        Some(Placing {
+            priority,
+            key,
+            input: None,
+        }),
+    )?;
+    Ok(())
+}
+
+/// One array argument's elements, checked one-dimensional and, where
+/// `len` is given, that long.
+fn elements(arg: &'static str, n: Option<usize>, len: Option<usize>) -> Result<usize> {
+    const SHAPE: &str = "Pass one-dimensional arrays: the workflows and, at the same positions, their inputs and keys.";
+    match (n, len) {
+        (None, _) => Err(Error::Invalid {
+            arg,
+            why: "must be one-dimensional".into(),
+            hint: SHAPE,
+        }),
+        (Some(n), Some(len)) if n != len => Err(Error::Invalid {
+            arg,
+            why: format!("has {n} elements and workflows {len}"),
+            hint: SHAPE,
+        }),
+        (Some(n), _) => Ok(n),
+    }
+}
+
+#[sql_function(
+    "sturdy.schedule_many(workflows text[], inputs jsonb[] DEFAULT NULL, queue text DEFAULT 'default',
+                          visible_at timestamptz DEFAULT now(), priority integer DEFAULT 0, keys text[] DEFAULT NULL)
+     RETURNS bigint VOLATILE PARALLEL UNSAFE",
+    comment = "schedule for a batch in one call: each workflow made visible in queue at visible_at and priority, with the input (jsonb) and key at the same position of inputs and keys (NULL arrays or elements: none), which take hands out with each pass. At most 10000 a call; a dead row stays dead. Returns how many rows were scheduled."
+)]
+fn schedule_many(
+    workflows: Option<TextArray>,
+    inputs: Option<JsonbArray>,
+    queue: Option<Text>,
+    visible_at: Option<TimestampWithTimeZone>,
+    priority: Option<i32>,
+    keys: Option<TextArray>,
+) -> Result<i64> {
+    let workflows = args::required("workflows", workflows)?;
+    let n = elements("workflows", workflows.elements(), None)?;
+    if let Some(inputs) = &inputs {
+        elements("inputs", inputs.elements(), Some(n))?;
+    }
+    if let Some(keys) = &keys {
+        elements("keys", keys.elements(), Some(n))?;
+    }
+    if n > args::MAX_BATCH as usize {
+        return Err(Error::Invalid {
+            arg: "workflows",
+            why: format!("has {n} elements, more than {}", args::MAX_BATCH),
+            hint: "Schedule at most 10000 workflows a call (1000 makes a good batch), and call again for more.",
+        });
+    }
+    let queue = args::name("queue", queue)?;
+    let visible_at = finite("visible_at", args::required("visible_at", visible_at)?)?;
+    let priority = args::required("priority", priority)?;
+    if priority < 0 {
+        return Err(Error::Invalid {
+            arg: "priority",
+            why: format!("must be 0 or above, got {priority}"),
+            hint: "Priorities count up from 0, the default: give the rows that must go first a higher one.",
+        });
+    }
+    if !schema::current() {
+        return Err(Error::Raised {
+            code: *b"0A000",
+            message: "schedule_many needs the extension's current schema".into(),
+            detail: Some(
+                "This library serves pg_sturdy 0.1.0's tables until they are updated.".into(),
+            ),
+            hint: Some(
+                "Run ALTER EXTENSION pg_sturdy UPDATE, or call schedule for each workflow.".into(),
+            ),
+        });
+    }
+    // every element checked before anything is written
+    let names = workflows
+        .each_bytes()
+        .into_iter()
+        .map(|w| args::name("workflows", w.map(Text::from_bytes)))
+        .collect::<Result<Vec<Name>>>()?;
+    let inputs = inputs.map_or_else(|| vec![None; n], |i| i.each());
+    let keys = match keys {
+        Some(keys) => keys
+            .each_bytes()
+            .into_iter()
+            .map(|k| args::optional_name("keys", k.map(Text::from_bytes)))
+            .collect::<Result<Vec<Option<Name>>>>()?,
+        None => vec![None; n],
+    };
+    let mut scheduled = 0;
+    for ((workflow, input), key) in names.into_iter().zip(inputs).zip(keys) {
+        let placing = Placing {
+            priority,
+            key,
+            input: Some(input.map(Jsonb)),
+        };
+        if schedule_at(workflow, visible_at, queue, Some(placing))? {
+            scheduled += 1;
+        }
+    }
+    Ok(scheduled)
 }
 
 #[sql_function(

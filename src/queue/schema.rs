@@ -48,7 +48,7 @@ pub static TAKE_ONE_RELEASED: Statement = Statement {
                      takes = q.takes OPERATOR(pg_catalog.+) 1
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
               RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)
-          SELECT t.workflow, t.receipt, NULL::bigint, 1, d.visible_at, d.seq
+          SELECT t.workflow, t.receipt, NULL::bigint, 1, NULL::pg_catalog.jsonb, d.visible_at, d.seq
             FROM due d LEFT JOIN taken t ON true",
     args: super::TAKE_ARGS,
     writes: true,
@@ -70,7 +70,7 @@ pub static TAKE_MANY_RELEASED: Statement = Statement {
                      takes = q.takes OPERATOR(pg_catalog.+) 1
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
               RETURNING q.workflow, q.visible_at AS receipt, q.ctid AS tid)
-          SELECT t.workflow, t.receipt, NULL::bigint, 1, d.visible_at, d.seq, t.tid
+          SELECT t.workflow, t.receipt, NULL::bigint, 1, NULL::pg_catalog.jsonb, d.visible_at, d.seq, t.tid
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
            ORDER BY d.visible_at, d.seq",
     args: super::TAKE_ARGS,

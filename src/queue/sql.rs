@@ -44,6 +44,27 @@ pub(super) static SCHEDULE_PLACED: Statement = Statement {
     generic: false,
 };
 
+/// [`SCHEDULE_PLACED`] with the job's input (`$6`, `schedule_many`), set on
+/// insert and on update.
+pub(super) static SCHEDULE_INPUT: Statement = Statement {
+    sql: "INSERT INTO sturdy.queue AS q (queue, workflow, visible_at, taken_at, leased_until, scheduled_at, priority, key, input)
+          VALUES ($3, $1, $2, NULL, NULL, pg_catalog.now(), $4, $5, $6)
+          ON CONFLICT (queue, workflow) DO UPDATE
+             SET visible_at = EXCLUDED.visible_at, taken_at = NULL, scheduled_at = EXCLUDED.scheduled_at,
+                 priority = EXCLUDED.priority, key = EXCLUDED.key, input = EXCLUDED.input
+           WHERE q.visible_at OPERATOR(pg_catalog.<>) 'infinity'::pg_catalog.timestamptz",
+    args: &[
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::TEXTOID,
+        pg_sys::INT4OID,
+        pg_sys::TEXTOID,
+        pg_sys::JSONBOID,
+    ],
+    writes: true,
+    generic: false,
+};
+
 /// Is the queue marked (a worker found it empty and waits)?
 pub(super) static MARKED: Statement = Statement {
     sql: "SELECT EXISTS (SELECT FROM sturdy.queue_waiters w WHERE w.queue OPERATOR(pg_catalog.=) $1)",
@@ -146,8 +167,8 @@ pub(super) static TAKE_ONE: Statement = Statement {
                  ", taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) (SELECT ctid FROM due)
                  AND q.leased_until IS NULL
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt)
-          SELECT t.workflow, t.receipt, NULL::bigint, t.attempt, d.visible_at, d.seq,
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt, q.input)
+          SELECT t.workflow, t.receipt, NULL::bigint, t.attempt, t.input, d.visible_at, d.seq,
                  CASE WHEN d.leased_until IS NOT NULL THEN d.workflow END, d.leased_until
             FROM due d LEFT JOIN taken t ON true"),
     args: TAKE_ARGS,
@@ -170,8 +191,8 @@ pub(super) static TAKE_MANY: Statement = Statement {
                  ", taken_set!(), "
                WHERE q.queue OPERATOR(pg_catalog.=) $1 COLLATE \"default\" AND q.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM due))
                  AND q.leased_until IS NULL
-              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt)
-          SELECT t.workflow, t.receipt, NULL::bigint, t.attempt, d.visible_at, d.seq, t.tid,
+              RETURNING q.workflow, q.leased_until AS receipt, q.ctid AS tid, COALESCE(q.attempts, 0) OPERATOR(pg_catalog.+) 1 AS attempt, q.input)
+          SELECT t.workflow, t.receipt, NULL::bigint, t.attempt, t.input, d.visible_at, d.seq, t.tid,
                  CASE WHEN d.leased_until IS NOT NULL THEN d.workflow END, d.leased_until
             FROM due d LEFT JOIN taken t ON t.workflow OPERATOR(pg_catalog.=) d.workflow
            ORDER BY d.visible_at, d.seq"),

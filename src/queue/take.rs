@@ -102,7 +102,7 @@ pub(super) fn lease_rows(queue: Name, r: &plan::Rows) {
         });
         for i in 0..r.len() {
             let (Some(workflow), Some(receipt), Some(tid)) =
-                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 7))
+                (r.text_bytes(i, 1), r.timestamptz(i, 2), r.tid(i, 8))
             else {
                 continue;
             };
@@ -121,7 +121,7 @@ pub(crate) type Claim = fn(Name, Interval) -> Result<Option<i64>>;
 
 /// The rows a take handed out: each workflow, its receipt and the
 /// `attempts` of its row (the passes that failed; `None`: none).
-pub(super) type Handed = Vec<(Vec<u8>, pg_sys::TimestampTz, Option<i32>)>;
+pub(super) type Handed = Vec<(Vec<u8>, pg_sys::TimestampTz, Option<i32>, Option<Jsonb>)>;
 
 /// The rows a take leased that a limit counts: each workflow and its
 /// receipt.
@@ -134,7 +134,13 @@ pub(super) fn leased(r: &plan::Rows) -> Handed {
     (0..r.len())
         .filter_map(|i| {
             let attempts = r.get::<i32>(i, 4).map(|a| a - 1).filter(|&a| a > 0);
-            Some((r.text_bytes(i, 1)?.to_vec(), r.timestamptz(i, 2)?, attempts))
+            // (the input copied out of SPI's memory, as `get` copies)
+            Some((
+                r.text_bytes(i, 1)?.to_vec(),
+                r.timestamptz(i, 2)?,
+                attempts,
+                r.get::<Jsonb>(i, 5),
+            ))
         })
         .collect()
 }
@@ -159,7 +165,7 @@ impl Hand<'_> {
     /// Hand out the rows a statement leased (workflow, receipt): each as
     /// the hand asks, appended to the result of `call`.
     pub(super) fn out(&self, call: &Args, leased: &Handed, lease: Interval) -> Result<()> {
-        for (workflow, receipt, attempts) in leased {
+        for (workflow, receipt, attempts, input) in leased {
             let workflow = args::name("workflow", Some(Text::from_bytes(workflow)))?;
             let token = self.each(workflow, *receipt, lease)?;
             plan::append_row(
@@ -169,6 +175,7 @@ impl Hand<'_> {
                     Some(pg_sys::Datum::from(*receipt)),
                     token.map(pg_sys::Datum::from),
                     attempt(*attempts),
+                    input.map(|j| j.0),
                 ],
             )?;
         }
@@ -226,10 +233,10 @@ pub(super) fn take_from(
             lease_rows(queue, r);
         }
         let oldest = (0..r.len())
-            .filter_map(|i| Some((r.timestamptz(i, 5)?, r.get::<i64>(i, 6)?)))
+            .filter_map(|i| Some((r.timestamptz(i, 6)?, r.get::<i64>(i, 7)?)))
             .min();
         let missed = (0..r.len()).any(|i| r.text_bytes(i, 1).is_none());
-        note_lapsed(r, if batch { 8 } else { 7 });
+        note_lapsed(r, if batch { 9 } else { 8 });
         (oldest, missed)
     };
     let mut runs = Runs::default();
@@ -298,13 +305,21 @@ pub(super) fn lease_one(
             until,
             now.into(),
             admit,
-            |row| got = Some((Text::copied(row.key), row.place, row.tid, row.attempts)),
+            |row| {
+                got = Some((
+                    Text::copied(row.key),
+                    row.place,
+                    row.tid,
+                    row.attempts,
+                    row.input.map(Jsonb::copied),
+                ))
+            },
         )
     })?
     else {
         return Ok(None);
     };
-    let Some((workflow, place, tid, attempts)) = got.filter(|_| leased) else {
+    let Some((workflow, place, tid, attempts, input)) = got.filter(|_| leased) else {
         return Ok(Some(Taken {
             rows: 0,
             oldest: None,
@@ -339,6 +354,7 @@ pub(super) fn lease_one(
             Some(pg_sys::Datum::from(until)),
             token.map(pg_sys::Datum::from),
             attempt(attempts),
+            input.map(|j| j.0),
         ],
     )?;
     Ok(Some(Taken {
