@@ -108,6 +108,10 @@ CASES = [
     dict(name="batches of 100: take + done_many vs pgmq read + delete(bigint[]), jobs/s",
          sturdy="bench/sturdy_batch.sql", base="bench/pgmq_batch.sql", base_db="pgmq", sturdy_per=100,
          base_per=100, before=backlog(1500000), before_base="pgmq"),
+    dict(name="jobs of 256 bytes, 100 a batch: schedule_many + take + done_many vs pgmq send_batch + read +"
+              " delete(bigint[]), jobs/s",
+         sturdy="bench/sturdy_jobs.sql", base="bench/pgmq_jobs.sql", base_db="pgmq", sturdy_per=100,
+         base_per=100),
 ]
 REGIMES = os.environ.get("BENCH_REGIMES", "on,off").split(",")
 PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
@@ -146,6 +150,7 @@ def setup_pgmq():
     subprocess.run([PSQL, *CONN, "-X", "-q", "-v", "ON_ERROR_STOP=1", "pgmq"], input=script, text=True,
                    check=True, capture_output=True)
     psql("SELECT pgmq.create('bench')", "pgmq")
+    psql("SELECT pgmq.create('jobs')", "pgmq")
     return True
 
 

@@ -3,6 +3,7 @@ exceptions, receipts kept exactly, sync and async alike."""
 import asyncio
 import datetime as dt
 import inspect
+import time
 import uuid
 
 import psycopg
@@ -58,6 +59,32 @@ def test_a_pass_through_the_calls_and_the_receipt_kept_exactly(conn):
     assert [c.step for c in s.load(w)] == ["step"]
     assert s.finish(w, t.token, t.receipt, "end", [1, 2], queue=q) is True
     assert s.take(q) == []
+
+
+def test_jobs_with_their_input_enqueued_in_bulk_and_handed_out_by_take(conn, dsn):
+    s = Sturdy(conn)
+    q = unique("jobs")
+    assert s.schedule_many([f"{q}/1", f"{q}/2", f"{q}/3"], [{"to": "a"}, None, [1, 2]], q) == 3
+    taken = s.take(q, dt.timedelta(minutes=1), max=10)
+    assert [(t.workflow, t.input) for t in taken] == [(f"{q}/1", {"to": "a"}), (f"{q}/2", None), (f"{q}/3", [1, 2])]
+    assert s.done_many([t.workflow for t in taken], [t.receipt for t in taken], q) == 3
+    # a worker's pass carries its job's input
+    seen = []
+    s.schedule_many([f"{q}/4"], [{"n": 4}], q)
+    from pg_sturdy import Worker
+    w = Worker(dsn, q, lambda p: seen.append(p.input))
+    w.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        w.stop()
+        w.join(0)
+    assert seen == [{"n": 4}]
+    with pytest.raises(InvalidArgument):
+        s.schedule_many(["a", "b"], [1], q)
 
 
 def test_errors_come_as_the_contract_says(conn):

@@ -52,8 +52,8 @@ class AsyncPass(PassBase):
     """One pass, for an `async def` handler: the steps are coroutines."""
 
     def __init__(self, sturdy: AsyncSturdy, queue: str, workflow: str, receipt: Receipt, token: int | None,
-                 attempt: int, json_: Json | None = None):
-        super().__init__(queue, workflow, receipt, token, attempt, json_ or Json())
+                 attempt: int, json_: Json | None = None, input: Any = None):
+        super().__init__(queue, workflow, receipt, token, attempt, json_ or Json(), input)
         self.sturdy = sturdy
         self._alock = asyncio.Lock()
 
@@ -308,7 +308,7 @@ class AsyncWorker:
 
     async def _pass(self, s: AsyncSturdy, t: Taken) -> None:
         assert self._stop is not None
-        p = AsyncPass(s, self.queue, t.workflow, t.receipt, t.token, t.attempt, self.json)
+        p = AsyncPass(s, self.queue, t.workflow, t.receipt, t.token, t.attempt, self.json, t.input)
         if self.claim and t.token is None:
             await s.wake_at(p.workflow, p.receipt, await _now(s.conn) + min(self.lease, dt.timedelta(seconds=1)),
                             self.queue)

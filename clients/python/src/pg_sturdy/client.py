@@ -106,6 +106,7 @@ class _Calls:
     supply = _Call(calls.supply)
     transact = _Call(calls.transact)
     schedule = _Call(calls.schedule)
+    schedule_many = _Call(calls.schedule_many)
     take = _Call(calls.take)
     done = _Call(calls.done)
     done_many = _Call(calls.done_many)

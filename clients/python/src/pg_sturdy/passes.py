@@ -146,8 +146,10 @@ class PassBase:
     """What a pass is, sync or async alike."""
 
     def __init__(self, queue: str, workflow: str, receipt: Receipt, token: int | None, attempt: int,
-                 json_: Json):
+                 json_: Json, input: Any = None):
         self.queue = queue
+        # the job's input (`schedule_many`), as `take` handed it out
+        self.input = input
         self.workflow = workflow
         self.receipt = receipt
         self.token = token

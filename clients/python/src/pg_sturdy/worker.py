@@ -156,8 +156,8 @@ class Pass(PassBase):
     """One pass of a workflow: what `take` handed out, and the steps."""
 
     def __init__(self, sturdy: Sturdy, queue: str, workflow: str, receipt: Receipt, token: int | None,
-                 attempt: int, json_: Json | None = None):
-        super().__init__(queue, workflow, receipt, token, attempt, json_ or Json())
+                 attempt: int, json_: Json | None = None, input: Any = None):
+        super().__init__(queue, workflow, receipt, token, attempt, json_ or Json(), input)
         self.sturdy = sturdy
 
     @property
@@ -479,7 +479,7 @@ class Worker:
         """One pass on `s`; `home` is the dsn's connection (the coordinator
         where `s` is the queue's node), where `fail` and a `finish` that
         moves the instance go: the instances are on the coordinator."""
-        p = Pass(s, self.queue, t.workflow, t.receipt, t.token, t.attempt, self.json)
+        p = Pass(s, self.queue, t.workflow, t.receipt, t.token, t.attempt, self.json, t.input)
         if self.claim and t.token is None:
             # its claim is held (a pass that outlived its lease, or a claim
             # of the application's): hand the row back rather than let its
