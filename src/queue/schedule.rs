@@ -104,7 +104,9 @@ pub fn schedule_at(
                     queue.into(),
                     p.priority.into(),
                     p.key.map_or_else(plan::null::<Text>, Into::into),
-                    p.input.flatten().map_or_else(plan::null::<Jsonb>, Into::into),
+                    p.input
+                        .flatten()
+                        .map_or_else(plan::null::<Jsonb>, Into::into),
                 ],
                 |t| Ok(!t.is_empty()),
             )?,
