@@ -58,6 +58,9 @@ pytest_run pytest pg_test --ignore=pg_test/test_crash.py --ignore=pg_test/citus 
 # The Python client (clients/python): its calls, its worker, and its
 # examples, against this server and through PgBouncer in transaction mode.
 pytest_run pytest_client clients/python/tests || status=1
+# The public harness's adapter (bench/harness): its records and arithmetic, no
+# server (with HARNESS=<its checkout>, also through the harness's own parser).
+pytest_run pytest_harness bench/harness || status=1
 # On 15 the takes share their floors only with the library preloaded; the
 # take tests once more on a cluster without it, each connection by its own.
 if "$bindir/postgres" --version | grep -q ' 15\.'; then
