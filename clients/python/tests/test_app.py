@@ -220,8 +220,7 @@ def test_the_command_runs_an_apps_worker_and_drains_on_sigterm(dsn, conn, tmp_pa
                              "--drain", "20s", "--lease", "10s"], env=env, cwd=str(tmp_path),
                             stderr=subprocess.PIPE, text=True)
     try:
-        app = App(dsn, queue=q)
-        app.workflow("job")(lambda p: None)
+        app = App(dsn, queue=q)  # (starts only: the handlers are the command's)
         assert app.start("job", "j-1", {"x": 1}).result(timeout=30) == {"x": 1}
         bad = app.start("job", "j-2", {"fail": True})
         long = app.start("job", "j-3", {"sleep": 2})

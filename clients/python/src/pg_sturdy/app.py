@@ -220,9 +220,8 @@ class App(Generic[PassT]):
         """`sturdy.start` on the app's queue: the instance, pending, and a
         handle on it. On `conn` where given (in its transaction: the start
         commits with the caller's own writes), else on a connection of its
-        own."""
-        if process not in self.handlers:
-            raise ValueError(f"process {process!r} has no handler in this app")
+        own. The process need not have a handler here: the code that
+        starts workflows is often not the process that runs them."""
         if conn is not None:
             return self._started(Sturdy(conn), process, business_key, variables, idempotency_key)
         with self.connect() as own:
@@ -235,8 +234,7 @@ class App(Generic[PassT]):
 
     async def start_async(self, process: str, business_key: str, variables: dict[str, Any] | None = None, *,
                           idempotency_key: str | None = None) -> AsyncHandle:
-        if process not in self.handlers:
-            raise ValueError(f"process {process!r} has no handler in this app")
+        """`start` for asyncio: an `AsyncHandle`."""
         async with await self.connect_async() as conn:
             id = await AsyncSturdy(conn).start(process, business_key, variables, idempotency_key, self.queue)
         return AsyncHandle(self, id, f"{process}/{id}")
