@@ -186,6 +186,9 @@ class Adapter:
         self.seq = 0
         self.stop = asyncio.Event()
         self.tokens: asyncio.Queue[int] = asyncio.Queue()
+        # jobs of a `schedule_many` whose answer a lost connection took: each
+        # counts as enqueued once seen (in the queue, or completed by a worker)
+        self.maybe_enqueued: set[str] = set()
 
     async def connect(self) -> Any:
         import psycopg
@@ -221,6 +224,15 @@ class Adapter:
         from pg_sturdy import AsyncSturdy
 
         s = AsyncSturdy(conn)
+        if self.maybe_enqueued:
+            cur = conn.cursor()
+            rows = await (await cur.execute(
+                "SELECT w FROM unnest(%s::text[]) w WHERE EXISTS"
+                " (SELECT FROM sturdy.queue q WHERE q.queue = %s AND q.workflow = w)",
+                (list(self.maybe_enqueued), QUEUE))).fetchall()
+            for (w,) in rows:
+                self.seen_enqueued(w)
+            self.maybe_enqueued.clear()  # (the rest were not enqueued, or are counted as they complete)
         credit = Credit()
         while not self.stop.is_set():
             if self.mode == "depth-target":
@@ -241,8 +253,21 @@ class Adapter:
         self.seq += k
         names = [f"{QUEUE}/{self.instance}-{os.getpid()}-{first + i}" for i in range(k)]
         inputs = [{"seq": first + i, "enqueued_at_ms": now_ms, "padding": self.payload} for i in range(k)]
-        await s.schedule_many(names, inputs, QUEUE)
+        try:
+            await s.schedule_many(names, inputs, QUEUE)
+        except Exception:
+            self.maybe_enqueued.update(names)
+            raise
         self.enqueued += k
+
+    def seen_enqueued(self, workflow: str) -> None:
+        if workflow in self.maybe_enqueued:
+            self.maybe_enqueued.discard(workflow)
+            self.enqueued += 1
+
+    def count_completed(self, workflow: str) -> None:
+        self.seen_enqueued(workflow)
+        self.completed += 1
 
     async def next_tokens(self) -> int:
         n = 0
@@ -269,7 +294,29 @@ class Adapter:
 
     # workers
 
-    async def work(self, conn: Any) -> None:
+    def worker(self) -> Callable[[Any], Any]:
+        """One worker's body, with what it must settle after a lost
+        connection: the jobs whose `done` was under way, which may or may
+        not have committed. Once connected again, those no longer in the
+        queue are counted completed (only a `done` removes a row here);
+        the others come back when their lease runs out, and count then."""
+        unsure: list[str] = []
+
+        async def body(conn: Any) -> None:
+            if unsure:
+                cur = conn.cursor()
+                row = await (await cur.execute(
+                    "SELECT coalesce(array_agg(w), '{}') FROM unnest(%s::text[]) w WHERE NOT EXISTS"
+                    " (SELECT FROM sturdy.queue q WHERE q.queue = %s AND q.workflow = w)",
+                    (unsure, QUEUE))).fetchone()
+                for w in row[0]:
+                    self.count_completed(w)
+                unsure.clear()
+            await self.work(conn, unsure)
+
+        return body
+
+    async def work(self, conn: Any, unsure: list[str]) -> None:
         from pg_sturdy import AsyncSturdy
 
         s = AsyncSturdy(conn)
@@ -287,8 +334,13 @@ class Adapter:
                 self.claim.add(max(0.0, started - job["enqueued_at_ms"]))
             if self.work_s:
                 await asyncio.sleep(self.work_s)
-            if await s.done(t.workflow, t.receipt, QUEUE):
-                self.completed += 1
+            try:
+                ended = await s.done(t.workflow, t.receipt, QUEUE)
+            except Exception:
+                unsure.append(t.workflow)
+                raise
+            if ended:
+                self.count_completed(t.workflow)
 
     # depth (instance 0)
 
@@ -338,7 +390,7 @@ class Adapter:
         print(json.dumps(descriptor(version, schema_version, db, self.instance, started)), flush=True)
         tasks = [asyncio.create_task(self.forever("producer", self.produce)),
                  asyncio.create_task(self.sample())]
-        tasks += [asyncio.create_task(self.forever(f"worker {i}", self.work)) for i in range(self.workers)]
+        tasks += [asyncio.create_task(self.forever(f"worker {i}", self.worker())) for i in range(self.workers)]
         if self.instance == 0:
             tasks.append(asyncio.create_task(self.forever("depth", self.watch_depth)))
         if self.pacing == "harness" and self.mode == "fixed":
