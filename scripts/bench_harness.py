@@ -39,6 +39,37 @@ CONF = ["max_connections = 400", "listen_addresses = 'localhost'", "shared_buffe
         "autovacuum_vacuum_threshold = 50", "autovacuum_analyze_threshold = 50",
         "log_min_duration_statement = 5000", "log_autovacuum_min_duration = 0"]
 DEPS = ["psycopg[binary]>=3.2", "matplotlib>=3.9", "pandas>=2.2", "numpy>=2.0", "pydantic>=2"]
+PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
+PGMQ_TAG = "v1.5.1"
+
+
+def prepare_pgmq(base):
+    """pgmq's extension for the scratch cluster, from its tag's SQL (pure
+    SQL at 1.5.1, nothing to build), in a directory of its own that
+    `extension_control_path` names; and a virtualenv with its adapter's
+    one dependency. None where pgmq's repository is not here."""
+    show = lambda path: subprocess.run(["git", "-C", PGMQ_REPO, "show", f"{PGMQ_TAG}:{path}"],
+                                       capture_output=True, text=True)
+    control, sql = show("pgmq-extension/pgmq.control"), show("pgmq-extension/sql/pgmq.sql")
+    if control.returncode or sql.returncode:
+        print(f"bench-harness: no pgmq {PGMQ_TAG} at {PGMQ_REPO}: pgmq runs only through Docker", file=sys.stderr)
+        return None
+    ext = os.path.join(base, "ext")
+    os.makedirs(os.path.join(ext, "extension"), exist_ok=True)
+    with open(os.path.join(ext, "extension", "pgmq.control"), "w") as f:
+        f.write(control.stdout)
+    with open(os.path.join(ext, "extension", f"pgmq--{PGMQ_TAG[1:]}.sql"), "w") as f:
+        f.write(sql.stdout)
+    for d, _, files in os.walk(base):
+        os.chmod(d, 0o755)
+        for name in files:
+            os.chmod(os.path.join(d, name), 0o644)
+    venv = os.path.join(base, "pgmq-venv")
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--quiet",
+                        "--disable-pip-version-check", "psycopg[binary]==3.3.3"], check=True)
+    return ext, os.path.join(venv, "bin", "python")
 
 
 def as_pg(cmd, **kw):
@@ -60,7 +91,11 @@ def outer(harness, args):
         subprocess.run([base, "-m", "venv", venv], check=True)
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *DEPS], check=True)
     cluster = os.environ.get("HARNESS_CLUSTER", "/tmp/pg_sturdy_harness_pg")
-    started = subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, str(PORT), *CONF],
+    peers = os.environ.get("HARNESS_PEERS", "/tmp/pg_sturdy_harness_peers")
+    os.makedirs(peers, exist_ok=True)
+    pgmq = prepare_pgmq(peers)
+    conf = CONF + ([f"extension_control_path = '{pgmq[0]}:$system'"] if pgmq else [])
+    started = subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, str(PORT), *conf],
                              env=dict(os.environ), capture_output=True, text=True)
     if started.returncode != 0:
         sys.exit(f"bench-harness: the cluster did not start: {started.stderr[-2000:]}")
@@ -74,7 +109,8 @@ def outer(harness, args):
             f.write("#!/bin/sh\necho \"docker is not here: $*\" >&2\nexit 1\n")
         os.chmod(os.path.join(stub, "docker"), 0o755)
         env = dict(os.environ, PATH=stub + os.pathsep + os.environ["PATH"], PYTHONPATH=harness,
-                   HARNESS_PG_DATA=os.path.join(cluster, "data"), HARNESS_PG_BIN=bindir())
+                   HARNESS_PG_DATA=os.path.join(cluster, "data"), HARNESS_PG_BIN=bindir(),
+                   HARNESS_PGMQ_PYTHON=pgmq[1] if pgmq else "")
         code = subprocess.run([python, os.path.abspath(__file__), "--inner", harness, *args], env=env,
                               cwd=harness).returncode
     finally:
@@ -124,6 +160,17 @@ def inner(harness, args):
 
     adapters.ADAPTERS["pg_sturdy"] = adapters.AdapterEntry(
         bench_dir=adapters.Path(ROOT) / "bench" / "harness", builder=lambda _force: None, launcher=launch)
+    # the peers prepared natively: their own adapters, unmodified, from their folders
+    pgmq_python = os.environ.get("HARNESS_PGMQ_PYTHON")
+    if pgmq_python:
+        folder = os.path.join(harness, "pgmq-bench")
+
+        def launch_pgmq(manifest, overrides):
+            return adapters.LaunchSpec(argv=[pgmq_python, os.path.join(folder, "main.py")],
+                                       env=adapters._base_env(manifest, overrides), cwd=folder)
+
+        adapters.ADAPTERS["pgmq"] = adapters.AdapterEntry(
+            bench_dir=adapters.ADAPTERS["pgmq"].bench_dir, builder=lambda _force: None, launcher=launch_pgmq)
     return orchestrator.main(args)
 
 

@@ -324,7 +324,10 @@ class Adapter:
         while not self.stop.is_set():
             taken = await s.take(QUEUE, self.lease)
             if not taken:
-                async for _ in conn.notifies(timeout=0.25, stop_after=1):
+                # woken by the schedule that makes a row ready, or at 50 ms (as
+                # the peers poll): a wakeup a schedule cannot promise (docs
+                # reference.md, Wakeups) costs at most that
+                async for _ in conn.notifies(timeout=0.05, stop_after=1):
                     pass
                 continue
             t = taken[0]
