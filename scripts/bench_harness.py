@@ -60,10 +60,14 @@ def prepare_pgmq(base):
         f.write(control.stdout)
     with open(os.path.join(ext, "extension", f"pgmq--{PGMQ_TAG[1:]}.sql"), "w") as f:
         f.write(sql.stdout)
-    for d, _, files in os.walk(base):
+    # (readable by the server: the extension's files only, never through a
+    # link, which chmod would follow to what it names)
+    for d in (base, ext, os.path.join(ext, "extension")):
         os.chmod(d, 0o755)
-        for name in files:
-            os.chmod(os.path.join(d, name), 0o644)
+    for name in os.listdir(os.path.join(ext, "extension")):
+        path = os.path.join(ext, "extension", name)
+        if not os.path.islink(path):
+            os.chmod(path, 0o644)
     venv = os.path.join(base, "pgmq-venv")
     if not os.path.exists(os.path.join(venv, "bin", "python")):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
