@@ -179,7 +179,11 @@ class Adapter:
         self.instance = int(env.get("BENCH_INSTANCE_ID", "0"))
         # a lease long enough for the work, short enough that a killed
         # worker's jobs come back within a recovery phase
-        self.lease = dt.timedelta(seconds=max(5.0, 20 * self.work_s))
+        # jobs a worker takes at once (each its own row, worked and
+        # acknowledged on its own): as pgmq's adapter sizes its reads, what
+        # the rate gives each worker in 20 ms, 1 to 16
+        self.take_max = max(1, min(16, round(self.rate / self.workers * 0.02)))
+        self.lease = dt.timedelta(seconds=max(5.0, 20 * self.work_s * self.take_max))
         self.claim = Rolling(CLAIM_WINDOW_S, self.every)
         self.enqueued = self.completed = 0
         self.depth = 0
@@ -322,7 +326,7 @@ class Adapter:
         s = AsyncSturdy(conn)
         await conn.execute("LISTEN sturdy")
         while not self.stop.is_set():
-            taken = await s.take(QUEUE, self.lease)
+            taken = await s.take(QUEUE, self.lease, self.take_max)
             if not taken:
                 # woken by the schedule that makes a row ready, or at 50 ms (as
                 # the peers poll): a wakeup a schedule cannot promise (docs
@@ -330,20 +334,22 @@ class Adapter:
                 async for _ in conn.notifies(timeout=0.05, stop_after=1):
                     pass
                 continue
-            t = taken[0]
             started = time.time() * 1000
-            job = t.input or {}
-            if "enqueued_at_ms" in job:
-                self.claim.add(max(0.0, started - job["enqueued_at_ms"]))
-            if self.work_s:
-                await asyncio.sleep(self.work_s)
-            try:
-                ended = await s.done(t.workflow, t.receipt, QUEUE)
-            except Exception:
-                unsure.append(t.workflow)
-                raise
-            if ended:
-                self.count_completed(t.workflow)
+            for t in taken:
+                job = t.input or {}
+                if "enqueued_at_ms" in job:
+                    self.claim.add(max(0.0, started - job["enqueued_at_ms"]))
+            # each job worked and acknowledged on its own, in turn
+            for t in taken:
+                if self.work_s:
+                    await asyncio.sleep(self.work_s)
+                try:
+                    ended = await s.done(t.workflow, t.receipt, QUEUE)
+                except Exception:
+                    unsure.extend(u.workflow for u in taken[taken.index(t):])
+                    raise
+                if ended:
+                    self.count_completed(t.workflow)
 
     # depth (instance 0)
 
