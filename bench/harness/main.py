@@ -6,9 +6,9 @@ printing the harness's JSONL records on stdout (logs on stderr).
 Through pg_sturdy's public API, as a user would write it, on the Python
 client (`pg_sturdy.AsyncSturdy`): a producer enqueues up to
 `PRODUCER_BATCH_MAX` jobs a call with `schedule_many`, each job one row whose
-input is its payload; `WORKER_COUNT` workers each take one job at a time
-(`take`, its input with it), do `JOB_WORK_MS` of work and acknowledge it
-with its own `done`. Retries are on (the queue's default policy: a job whose
+input is its payload; `WORKER_COUNT` workers each take what the rate gives
+them in 20 ms (1 to 16 rows, one job each, their inputs with them), do
+`JOB_WORK_MS` of work on each and acknowledge each with its own `done`. Retries are on (the queue's default policy: a job whose
 worker dies is taken again once its lease runs out, up to 25 attempts). A
 job counts as completed only once its `done` has committed.
 
