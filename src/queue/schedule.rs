@@ -16,9 +16,24 @@ pub struct Placing {
 
 /// Make `workflow` visible in `queue` at `visible_at`, for validated
 /// arguments, placed as `placing` says (`None`: as the row stands).
-/// `schedule`, `schedule_many`, `arrive` and `start` all end here. False
-/// where the row is dead and stays so.
+/// `schedule`, `arrive` and `start` end here (`schedule_many` upserts its
+/// rows, then does [`scheduled`] once). False where the row is dead and
+/// stays so.
 pub fn schedule_at(
+    workflow: Name,
+    visible_at: TimestampWithTimeZone,
+    queue: Name,
+    placing: Option<Placing>,
+) -> Result<bool> {
+    if !upsert(workflow, visible_at, queue, placing)? {
+        return Ok(false);
+    }
+    scheduled(queue, visible_at, placing.map_or(0, |p| p.priority))?;
+    Ok(true)
+}
+
+/// The row's upsert: false where it is dead and stays so.
+fn upsert(
     workflow: Name,
     visible_at: TimestampWithTimeZone,
     queue: Name,
@@ -131,6 +146,17 @@ pub fn schedule_at(
             return Ok(false);
         }
     }
+    Ok(true)
+}
+
+/// What rows made visible in `queue` at `visible_at` (with `priority`)
+/// tell the rest: the priority signal, the generation bump of a past time,
+/// the wakeup of a waiting worker. Once for any number of rows of one call:
+/// each is a per-queue signal (under Citus a statement to the queue's node).
+fn scheduled(queue: Name, visible_at: TimestampWithTimeZone, priority: i32) -> Result<()> {
+    // `now()` in SQL: the transaction's start
+    let now = pg_sys::TimestampTz::from(pgrx::datum::now());
+    let at = pg_sys::TimestampTz::from(visible_at);
     if priority > 0 {
         priority::scheduled(queue)?;
     }
@@ -140,7 +166,7 @@ pub fn schedule_at(
     if at <= now {
         wake_if_waited(queue)?;
     }
-    Ok(true)
+    Ok(())
 }
 
 /// A time a row may be made visible at: anything but `'infinity'`, which
@@ -300,18 +326,21 @@ fn schedule_many(
             .collect::<Result<Vec<Option<Name>>>>()?,
         None => vec![None; n],
     };
-    let mut scheduled = 0;
+    let mut count = 0;
     for ((workflow, input), key) in names.into_iter().zip(inputs).zip(keys) {
         let placing = Placing {
             priority,
             key,
             input: Some(input.map(Jsonb)),
         };
-        if schedule_at(workflow, visible_at, queue, Some(placing))? {
-            scheduled += 1;
+        if upsert(workflow, visible_at, queue, Some(placing))? {
+            count += 1;
         }
     }
-    Ok(scheduled)
+    if count > 0 {
+        scheduled(queue, visible_at, priority)?;
+    }
+    Ok(count)
 }
 
 #[sql_function(
