@@ -114,7 +114,7 @@ CASES = [
          base_per=100,
          # each side's table vacuumed before its run: the cycle leaves every
          # row it makes dead, and a run after an unvacuumed one measures the
-         # last run's bloat (pgmq's read fell to a tenth by the fourth)
+         # last run's bloat
          vacuum={"sturdy": ("VACUUM sturdy.queue", "postgres"), "base": ("VACUUM pgmq.q_jobs", "pgmq")}),
 ]
 REGIMES = os.environ.get("BENCH_REGIMES", "on,off").split(",")
