@@ -591,9 +591,19 @@ class Model:
         if op.status != "ok":
             return
         self.wakeup(op, R, op.meta["at_abs"])
-        if R.pass_ is not None and R.pass_.key != op.meta["key"]:
-            R.pass_.sticky = True   # its old key's place may stay held until its receipt
+        self.rekeyed(R, op.meta["key"], concurrent)
         R.key = op.meta["key"]
+
+    def rekeyed(self, R, key, concurrent):
+        """A schedule giving the row another key during a pass: the old
+        key's place may stay held until the pass's receipt (reference.md,
+        per_key: a pass ended from another connection finds its place by
+        the row's key). Beside a call that ended the pass (a cancel in the
+        same burst, observed first), the pass it may have met is the
+        row's latest."""
+        p = R.pass_ if R.pass_ is not None or not concurrent else self.latest.get(R.wf)
+        if p is not None and p.key != key:
+            p.sticky = True
 
     def on_schedule_many(self, op, R, concurrent):
         if op.meta["at"] == "inf":
@@ -613,8 +623,7 @@ class Model:
             if dead:
                 continue  # stays dead, its input with it (rule 3)
             live += 1
-            if R.pass_ is not None and R.pass_.key != key:
-                R.pass_.sticky = True
+            self.rekeyed(R, key, concurrent)
             R.key, R.input = key, inp
         if known and op.rows[0][0] != live:
             self.fail("schedule_many-count", f"schedule_many answered {op.rows[0][0]}; {live} rows were not dead", op)
