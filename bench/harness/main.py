@@ -8,9 +8,14 @@ client (`pg_sturdy.AsyncSturdy`): a producer enqueues up to
 `PRODUCER_BATCH_MAX` jobs a call with `schedule_many`, each job one row whose
 input is its payload; `WORKER_COUNT` workers each take what the rate gives
 them in 20 ms (1 to 16 rows, one job each, their inputs with them), do
-`JOB_WORK_MS` of work on each and acknowledge each with its own `done`. Retries are on (the queue's default policy: a job whose
-worker dies is taken again once its lease runs out, up to 25 attempts). A
-job counts as completed only once its `done` has committed.
+`JOB_WORK_MS` of work on each and acknowledge each job by its own receipt
+as its work ends: `PG_STURDY_ACK=batched` (the default) hands each to the
+client's `AsyncAcks`, which sends what gathered as one `done_many` while the
+worker goes on (as awa's and River's runtimes batch their completions);
+`PG_STURDY_ACK=each` sends each job's own `done` and waits for its commit.
+Retries are on (the queue's default policy: a job whose worker dies is
+taken again once its lease runs out, up to 25 attempts). A job counts as
+completed only once its acknowledgement has committed.
 
 Pacing: `PRODUCER_MODE=fixed` credits `rate x` real elapsed time (the rate
 re-read from `PRODUCER_RATE_CONTROL_FILE` every tick), or with
@@ -168,6 +173,9 @@ class Adapter:
         self.url = env.get("DATABASE_URL", "postgres://bench:bench@localhost:15555/pg_sturdy_bench")
         self.mode = env.get("PRODUCER_MODE", "fixed")
         self.pacing = env.get("PRODUCER_PACING", "adapter")
+        self.ack = env.get("PG_STURDY_ACK", "batched")
+        if self.ack not in ("batched", "each"):
+            raise SystemExit(f"PG_STURDY_ACK must be batched or each, not {self.ack!r}")
         self.rate = float(env.get("PRODUCER_RATE", "800"))
         self.batch_max = max(1, int(env.get("PRODUCER_BATCH_MAX", "128")))
         self.batch_ms = float(env.get("PRODUCER_BATCH_MS", "25"))
@@ -189,6 +197,12 @@ class Adapter:
         self.depth = 0
         self.seq = 0
         self.stop = asyncio.Event()
+        # the producer starts once every worker has taken once (a burst of
+        # the harness's tokens gathered at start-up then meets workers that
+        # are connected, not ones still loading the extension)
+        self.warm: set[int] = set()
+        self.all_warm = asyncio.Event()
+        self.acks: Any = None
         self.tokens: asyncio.Queue[int] = asyncio.Queue()
         # jobs of a `schedule_many` whose answer a lost connection took: each
         # counts as enqueued once seen (in the queue, or completed by a worker)
@@ -197,8 +211,7 @@ class Adapter:
     async def connect(self) -> Any:
         import psycopg
 
-        return await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5,
-                                                     prepare_threshold=None)
+        return await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5)
 
     async def forever(self, name: str, body: Callable[[Any], Any]) -> None:
         """Run `body(conn)` on a connection of its own until the stop,
@@ -227,7 +240,11 @@ class Adapter:
     async def produce(self, conn: Any) -> None:
         from pg_sturdy import AsyncSturdy
 
-        s = AsyncSturdy(conn)
+        s = AsyncSturdy(conn, prepare=True)
+        try:
+            await asyncio.wait_for(self.all_warm.wait(), 10)
+        except asyncio.TimeoutError:
+            pass
         if self.maybe_enqueued:
             cur = conn.cursor()
             rows = await (await cur.execute(
@@ -240,15 +257,20 @@ class Adapter:
         credit = Credit()
         while not self.stop.is_set():
             if self.mode == "depth-target":
-                n = min(self.batch_max, max(0, self.target_depth - self.depth))
+                # the depth read, and what it lacks of the target enqueued
+                # at once, `PRODUCER_BATCH_MAX` a call
+                n = max(0, self.target_depth - await self.ready(conn))
             elif self.pacing == "harness":
-                n = await self.next_tokens()
+                n = await self.next_tokens()  # (waits for them)
             else:
                 n = credit.take(read_rate(self.rate))
-            while n > 0 and not self.stop.is_set():
-                k = min(n, self.batch_max)
-                await self.enqueue(s, k)
-                n -= k
+            if n:
+                while n > 0 and not self.stop.is_set():
+                    k = min(n, self.batch_max)
+                    await self.enqueue(s, k)
+                    n -= k
+                if self.mode == "depth-target" or self.pacing == "harness":
+                    continue
             await asyncio.sleep(self.batch_ms / 1000)
 
     async def enqueue(self, s: Any, k: int) -> None:
@@ -270,10 +292,11 @@ class Adapter:
             self.enqueued += 1
 
     def count_completed(self, workflow: str) -> None:
-        self.seen_enqueued(workflow)
         self.completed += 1
 
     async def next_tokens(self) -> int:
+        """The jobs the harness's `ENQUEUE` lines asked for since the last
+        call, waiting (up to a tick) for the next line when none has."""
         n = 0
         try:
             n = await asyncio.wait_for(self.tokens.get(), self.batch_ms / 1000)
@@ -298,7 +321,7 @@ class Adapter:
 
     # workers
 
-    def worker(self) -> Callable[[Any], Any]:
+    def worker(self, index: int) -> Callable[[Any], Any]:
         """One worker's body, with what it must settle after a lost
         connection: the jobs whose `done` was under way, which may or may
         not have committed. Once connected again, those no longer in the
@@ -316,17 +339,21 @@ class Adapter:
                 for w in row[0]:
                     self.count_completed(w)
                 unsure.clear()
-            await self.work(conn, unsure)
+            await self.work(conn, unsure, index)
 
         return body
 
-    async def work(self, conn: Any, unsure: list[str]) -> None:
+    async def work(self, conn: Any, unsure: list[str], index: int) -> None:
         from pg_sturdy import AsyncSturdy
 
-        s = AsyncSturdy(conn)
+        s = AsyncSturdy(conn, prepare=True)
         await conn.execute("LISTEN sturdy")
         while not self.stop.is_set():
             taken = await s.take(QUEUE, self.lease, self.take_max)
+            if index not in self.warm:
+                self.warm.add(index)
+                if len(self.warm) == self.workers:
+                    self.all_warm.set()
             if not taken:
                 # woken by the schedule that makes a row ready, or at 50 ms (as
                 # the peers poll): a wakeup a schedule cannot promise (docs
@@ -336,6 +363,7 @@ class Adapter:
                 continue
             started = time.time() * 1000
             for t in taken:
+                self.seen_enqueued(t.workflow)
                 job = t.input or {}
                 if "enqueued_at_ms" in job:
                     self.claim.add(max(0.0, started - job["enqueued_at_ms"]))
@@ -343,6 +371,9 @@ class Adapter:
             for t in taken:
                 if self.work_s:
                     await asyncio.sleep(self.work_s)
+                if self.acks is not None:
+                    self.acks.done(t.workflow, t.receipt)
+                    continue
                 try:
                     ended = await s.done(t.workflow, t.receipt, QUEUE)
                 except Exception:
@@ -351,14 +382,21 @@ class Adapter:
                 if ended:
                     self.count_completed(t.workflow)
 
+    def count_removed(self, n: int) -> None:
+        self.completed += n
+
     # depth (instance 0)
+
+    @staticmethod
+    async def ready(conn: Any) -> int:
+        cur = conn.cursor()
+        row = await (await cur.execute("SELECT ready FROM sturdy.queue_stats WHERE queue = %s",
+                                       (QUEUE,))).fetchone()
+        return int(row[0]) if row else 0
 
     async def watch_depth(self, conn: Any) -> None:
         while not self.stop.is_set():
-            cur = conn.cursor()
-            row = await (await cur.execute("SELECT ready FROM sturdy.queue_stats WHERE queue = %s",
-                                           (QUEUE,))).fetchone()
-            self.depth = int(row[0]) if row else 0
+            self.depth = await self.ready(conn)
             await asyncio.sleep(0.25)
 
     # sampler
@@ -399,7 +437,12 @@ class Adapter:
         print(json.dumps(descriptor(version, schema_version, db, self.instance, started)), flush=True)
         tasks = [asyncio.create_task(self.forever("producer", self.produce)),
                  asyncio.create_task(self.sample())]
-        tasks += [asyncio.create_task(self.forever(f"worker {i}", self.worker())) for i in range(self.workers)]
+        if self.ack == "batched":
+            from pg_sturdy import AsyncAcks
+
+            self.acks = AsyncAcks(self.connect, QUEUE, on_removed=self.count_removed)
+            self.acks.start()
+        tasks += [asyncio.create_task(self.forever(f"worker {i}", self.worker(i))) for i in range(self.workers)]
         if self.instance == 0:
             tasks.append(asyncio.create_task(self.forever("depth", self.watch_depth)))
         if self.pacing == "harness" and self.mode == "fixed":
@@ -408,6 +451,11 @@ class Adapter:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.acks is not None:
+            try:
+                await asyncio.wait_for(self.acks.close(), 3)
+            except asyncio.TimeoutError:
+                pass
 
     async def versions(self) -> tuple[str, str]:
         import pg_sturdy

@@ -3,10 +3,12 @@ method (`Sturdy`, `AsyncSturdy`); workers (`Worker`, `AsyncWorker`) whose
 handlers run steps that replay from checkpoints (`Pass.step`,
 `Pass.transact`, `Pass.wait_for`, `Pass.sleep`); a registry of handlers by
 process that starts workflows and waits for their results (`App`,
-`Handle`); and the contract's errors as exceptions.
+`Handle`); acknowledgements of taken jobs sent together (`AsyncAcks`);
+and the contract's errors as exceptions.
 
     python -m pg_sturdy worker mymodule:app --queue orders --concurrency 8 --drain 30s
 """
+from .acks import AsyncAcks
 from .aio import AsyncPass, AsyncWorker
 from .app import App, AsyncHandle, Handle, NoHandler, WorkflowCancelled, WorkflowFailed
 from .calls import (BatchRun, Checkpoint, Chunk, Emitted, Node, Pumped, QueueStats, Receipt, Recorded, Signal,
@@ -19,7 +21,7 @@ from .worker import Pass, Worker, WorkerFailed
 __version__ = "0.2.0"
 
 __all__ = [
-    "App", "AsyncHandle", "AsyncPass", "AsyncSturdy", "AsyncWorker", "BatchRun", "Checkpoint", "Chunk", "Conflict",
+    "App", "AsyncAcks", "AsyncHandle", "AsyncPass", "AsyncSturdy", "AsyncWorker", "BatchRun", "Checkpoint", "Chunk", "Conflict",
     "DoNotRetry", "Emitted", "Fenced", "Handle", "Instance", "InvalidArgument", "MissingObject", "NoHandler", "Node",
     "NotJSON", "Pass", "Pumped", "QueueStats", "Receipt", "Recorded", "RetryAfter", "Signal", "Status", "Stuck",
     "Sturdy", "SturdyError", "Taken", "WaitTimeout", "Watched", "Worker", "WorkerFailed", "WorkflowCancelled",

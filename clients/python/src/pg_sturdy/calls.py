@@ -283,8 +283,8 @@ def take(queue: str | None = None, lease: Interval | None = None, max: int | Non
 
 
 def done(workflow: str, receipt: Receipt | dt.datetime, queue: str | None = None) -> Statement[bool]:
-    """`sturdy.done`: done for a batch in one statement: removes each workflow whose receipt (same
-    position) still matches, and returns how many were removed. NULL elements match nothing."""
+    """`sturdy.done`: Remove the workflow from queue if nothing rescheduled it since take (the
+    receipt still matches). False means it was rescheduled: it stays, and will be taken again."""
     return _statement(_scalar, _call("done", ("workflow", "text", workflow), ("receipt", "timestamptz", receipt),
                                      ("queue", "text", queue), required=2))
 
