@@ -290,6 +290,30 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
         .iter()
         .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
         .collect();
+    // The plan cache builds a kept plan on its first run, and again after an
+    // invalidation, for the table as it is then: on a queue still small a
+    // sequential scan is the cheaper way to the rows a batch take leases by
+    // tuple id, and that plan stayed while the queue grew (measured: a take
+    // of 2 rows filtering 20,001, and under a 16-worker backlog the takes'
+    // scans were most of the server's time). Every kept statement reaches
+    // its rows by key or tuple id, so plans are made without sequential
+    // scans, as a function's `SET` clause would (saved, and restored after
+    // the run; an error's abort restores it).
+    // SAFETY: plain GUC calls; the nest level is popped below.
+    let nest = unsafe {
+        let nest = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"enable_seqscan".as_ptr(),
+            c"off".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        nest
+    };
     // SAFETY: `plan` was prepared for exactly these argument types (the
     // statement's), inside the SPI connection our caller opened.
     let rc = unsafe {
@@ -310,6 +334,8 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
             pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
         }
     };
+    // SAFETY: the level pushed above.
+    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
     if rc < 0 {
         return Err(Error::Internal {
             context: "SPI_execute_plan",
