@@ -180,8 +180,43 @@ impl Statement {
     ) -> Result<SpiTupleTable<'c>> {
         let plan = self.plan(client)?;
         let _custom = Custom::around(self)?;
-        Ok(client.select(plan, None, args)?)
+        Ok(without_seqscans(|| client.select(plan, None, args))?)
     }
+}
+
+/// Run `f` (an execution of a kept plan) with sequential scans off for the
+/// planner, as a function's `SET` clause would set them: saved, and put
+/// back after `f` (an error's abort puts them back).
+///
+/// The plan cache makes a kept plan on its first run, and again after an
+/// invalidation or when it turns a custom plan generic, for the tables as
+/// they are then: on a queue still small a sequential scan is the cheaper
+/// way to the rows a batch take leases by tuple id, and that plan stayed
+/// while the queue grew (measured: a take of 16 reading 20,006 rows; under
+/// the public harness's 16-worker backlog the takes' scans were most of the
+/// server's time). Every statement of ours reaches its rows by key or tuple
+/// id, or reads a table that stays small.
+fn without_seqscans<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: plain GUC calls, from a backend inside a transaction; the nest
+    // level pushed here is popped below.
+    let nest = unsafe {
+        let nest = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"enable_seqscan".as_ptr(),
+            c"off".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        nest
+    };
+    let result = f();
+    // SAFETY: the level pushed above.
+    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
+    result
 }
 
 /// The common shape: open a connection, run one statement, read its result.
@@ -290,33 +325,9 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
         .iter()
         .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
         .collect();
-    // The plan cache builds a kept plan on its first run, and again after an
-    // invalidation, for the table as it is then: on a queue still small a
-    // sequential scan is the cheaper way to the rows a batch take leases by
-    // tuple id, and that plan stayed while the queue grew (measured: a take
-    // of 2 rows filtering 20,001, and under a 16-worker backlog the takes'
-    // scans were most of the server's time). Every kept statement reaches
-    // its rows by key or tuple id, so plans are made without sequential
-    // scans, as a function's `SET` clause would (saved, and restored after
-    // the run; an error's abort restores it).
-    // SAFETY: plain GUC calls; the nest level is popped below.
-    let nest = unsafe {
-        let nest = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"enable_seqscan".as_ptr(),
-            c"off".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-        nest
-    };
     // SAFETY: `plan` was prepared for exactly these argument types (the
     // statement's), inside the SPI connection our caller opened.
-    let rc = unsafe {
+    let rc = without_seqscans(|| unsafe {
         if latest {
             // read-only on a snapshot of now: SPI makes it the active one
             // for the statement (GetLatestSnapshot's is copied as pushed)
@@ -333,9 +344,7 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
         } else {
             pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
         }
-    };
-    // SAFETY: the level pushed above.
-    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
+    });
     if rc < 0 {
         return Err(Error::Internal {
             context: "SPI_execute_plan",
