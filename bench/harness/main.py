@@ -7,7 +7,8 @@ Through pg_sturdy's public API, as a user would write it, on the Python
 client (`pg_sturdy.AsyncSturdy`): a producer enqueues up to
 `PRODUCER_BATCH_MAX` jobs a call with `schedule_many`, each job one row whose
 input is its payload; `WORKER_COUNT` workers each take what the rate gives
-them in 20 ms (1 to 16 rows, one job each, their inputs with them), do
+them in a 50 ms poll interval and a quarter more (1 to 64 rows, as pgmq's
+adapter sizes its reads; one job each, their inputs with them), do
 `JOB_WORK_MS` of work on each and acknowledge each job by its own receipt
 as its work ends: `PG_STURDY_ACK=batched` (the default) hands each to the
 client's `AsyncAcks`, which sends what gathered as one `done_many` while the
@@ -185,12 +186,13 @@ class Adapter:
         self.payload = "x" * max(0, int(env.get("JOB_PAYLOAD_BYTES", "256")) - 96)
         self.every = float(env.get("SAMPLE_EVERY_S", "5"))
         self.instance = int(env.get("BENCH_INSTANCE_ID", "0"))
+        # jobs a worker takes at once (each its own row, worked and
+        # acknowledged on its own): as pgmq's adapter sizes its reads,
+        # 1.25 x what the rate gives each worker in a 50 ms poll interval,
+        # 1 to 64 (without that adapter's floor of 8)
+        self.take_max = max(1, min(64, round(self.rate * 1.25 / self.workers * 0.05)))
         # a lease long enough for the work, short enough that a killed
         # worker's jobs come back within a recovery phase
-        # jobs a worker takes at once (each its own row, worked and
-        # acknowledged on its own): as pgmq's adapter sizes its reads, what
-        # the rate gives each worker in 20 ms, 1 to 16
-        self.take_max = max(1, min(16, round(self.rate / self.workers * 0.02)))
         self.lease = dt.timedelta(seconds=max(5.0, 20 * self.work_s * self.take_max))
         self.claim = Rolling(CLAIM_WINDOW_S, self.every)
         self.enqueued = self.completed = 0
@@ -367,10 +369,14 @@ class Adapter:
                 job = t.input or {}
                 if "enqueued_at_ms" in job:
                     self.claim.add(max(0.0, started - job["enqueued_at_ms"]))
-            # each job worked and acknowledged on its own, in turn
-            for t in taken:
+            # each job worked and acknowledged on its own, in turn; job i
+            # of the batch ends `(i + 1) x JOB_WORK_MS` after the work
+            # began (a sleep until then: the event loop's lateness on one
+            # sleep is not added to every job after it)
+            began = time.monotonic()
+            for i, t in enumerate(taken):
                 if self.work_s:
-                    await asyncio.sleep(self.work_s)
+                    await asyncio.sleep(max(0.0, began + (i + 1) * self.work_s - time.monotonic()))
                 if self.acks is not None:
                     self.acks.done(t.workflow, t.receipt)
                     continue
