@@ -50,7 +50,9 @@ PGMQ_REPO = os.environ.get("PGMQ_REPO", "/work/.mirror/pgmq+pgmq/repo")
 PGMQ_TAG = "v1.5.1"
 ABSURD_REPO = os.environ.get("ABSURD_REPO", "/work/.mirror/earendil-works+absurd/repo")
 ABSURD_TAG = "0.3.0"
-PY312 = shutil.which("python3.12") or "/root/.pyenv/versions/3.12.1/bin/python3.12"
+# (a pyenv shim on the path may name a version it cannot run: the install first)
+PY312 = next((p for p in ("/root/.pyenv/versions/3.12.1/bin/python3.12", "/usr/bin/python3.12")
+              if os.path.exists(p)), None) or shutil.which("python3.12") or "python3.12"
 # what each Python peer's pyproject pins (its Dockerfile's `uv sync`)
 PYTHON_PEERS = {"procrastinate": ["procrastinate==3.8.1", "psycopg[binary]==3.3.3"],
                 "absurd": ["absurd-sdk==0.3.0", "psycopg[binary]==3.3.3"],
@@ -171,8 +173,7 @@ def outer(harness, args):
     venv = os.environ.get("HARNESS_VENV", "/tmp/pg_sturdy_harness_venv")
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
-        base = shutil.which("python3.12") or "/root/.pyenv/versions/3.12.1/bin/python3.12"
-        subprocess.run([base, "-m", "venv", venv], check=True)
+        subprocess.run([PY312, "-m", "venv", venv], check=True)
         subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *DEPS], check=True)
     cluster = os.environ.get("HARNESS_CLUSTER", "/tmp/pg_sturdy_harness_pg")
     peers = os.environ.get("HARNESS_PEERS", "/tmp/pg_sturdy_harness_peers")

@@ -197,6 +197,11 @@ class Adapter:
         self.claim = Rolling(CLAIM_WINDOW_S, self.every)
         self.enqueued = self.completed = 0
         self.depth = 0
+        # a backlog is kept by four producers, each call's commit waited on
+        # by its own connection (one alone, one commit at a time, fell
+        # behind 64 workers); a rate by one
+        self.producers = 4 if self.mode == "depth-target" else 1
+        self.in_flight = 0
         self.seq = 0
         self.stop = asyncio.Event()
         # the producer starts once every worker has taken once (a burst of
@@ -259,9 +264,19 @@ class Adapter:
         credit = Credit()
         while not self.stop.is_set():
             if self.mode == "depth-target":
-                # the depth read, and what it lacks of the target enqueued
-                # at once, `PRODUCER_BATCH_MAX` a call
-                n = max(0, self.target_depth - await self.ready(conn))
+                # the depth read, and what it lacks of the target (less what
+                # the other producers are enqueuing) enqueued at once,
+                # `PRODUCER_BATCH_MAX` a call
+                n = max(0, self.target_depth - await self.ready(conn) - self.in_flight)
+                k = min(n, self.batch_max)
+                if k:
+                    self.in_flight += k
+                    try:
+                        await self.enqueue(s, k)
+                    finally:
+                        self.in_flight -= k
+                    continue
+                n = 0
             elif self.pacing == "harness":
                 n = await self.next_tokens()  # (waits for them)
             else:
@@ -441,8 +456,8 @@ class Adapter:
         version, schema_version = await self.versions()
         db = urlparse(self.url).path.lstrip("/") or "pg_sturdy_bench"
         print(json.dumps(descriptor(version, schema_version, db, self.instance, started)), flush=True)
-        tasks = [asyncio.create_task(self.forever("producer", self.produce)),
-                 asyncio.create_task(self.sample())]
+        tasks = [asyncio.create_task(self.forever(f"producer {i}", self.produce)) for i in range(self.producers)]
+        tasks.append(asyncio.create_task(self.sample()))
         if self.ack == "batched":
             from pg_sturdy import AsyncAcks
 
