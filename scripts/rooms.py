@@ -18,8 +18,8 @@ import re
 import sys
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-BASE = {"access", "activity", "args", "datum", "error", "fmgr", "fragment", "grants", "heads", "placement", "plan", "scaleout",
-        "rescan", "sequence", "shard", "subxact", "testing"}
+BASE = {"access", "activity", "args", "datum", "error", "fmgr", "fragment", "grants", "heads", "placement", "plan", "planner",
+        "scaleout", "rescan", "sequence", "shard", "subxact", "testing"}
 CAPABILITIES = {"batch", "checkpoint", "claim", "outbox", "queue", "workflow"}
 COMPOSED = {"compose"}  # the calls that span capabilities
 MAX_LINES = 850

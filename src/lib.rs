@@ -49,6 +49,8 @@ pub mod placement;
 #[allow(unsafe_code)]
 pub mod plan;
 #[allow(unsafe_code)]
+pub mod planner;
+#[allow(unsafe_code)]
 pub mod scaleout;
 #[allow(unsafe_code)]
 pub mod sequence;

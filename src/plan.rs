@@ -32,6 +32,7 @@ use pgrx::{FromDatum, IntoDatum};
 
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
+use crate::planner::{Custom, NoSeqScans};
 
 /// One static SQL statement with its argument types. Declared as a `static`
 /// next to the function that runs it.
@@ -62,37 +63,6 @@ thread_local! {
     // distributed by Citus (`scaleout`): there a generic plan cannot be
     // routed.
     static CUSTOM_PLANS: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
-}
-
-/// Runs a kept plan custom (its parameters' values planned in) while it
-/// lives: what a statement of ours needs under Citus, which plans a
-/// statement by the distribution column's value. The plan cache reads the
-/// setting when it chooses a plan, so it is set around our execution only,
-/// and put back when the execution ends or raises.
-struct Custom(Option<i32>);
-
-impl Custom {
-    fn around(stmt: &Statement) -> Result<Custom> {
-        if !crate::scaleout::distributed() {
-            return Ok(Custom(None));
-        }
-        crate::scaleout::runs_here(stmt.sql)?; // (where it cannot run: an error)
-        // SAFETY: a backend-local setting the plan cache reads; restored on drop.
-        unsafe {
-            let was = pg_sys::plan_cache_mode;
-            pg_sys::plan_cache_mode = pg_sys::PlanCacheMode::PLAN_CACHE_MODE_FORCE_CUSTOM_PLAN as _;
-            Ok(Custom(Some(was)))
-        }
-    }
-}
-
-impl Drop for Custom {
-    fn drop(&mut self) {
-        if let Some(was) = self.0 {
-            // SAFETY: as in `around`.
-            unsafe { pg_sys::plan_cache_mode = was }
-        }
-    }
 }
 
 impl Statement {
@@ -179,44 +149,10 @@ impl Statement {
         args: &[DatumWithOid<'_>],
     ) -> Result<SpiTupleTable<'c>> {
         let plan = self.plan(client)?;
-        let _custom = Custom::around(self)?;
-        Ok(without_seqscans(|| client.select(plan, None, args))?)
+        let _custom = Custom::around(self.sql)?;
+        let _planner = NoSeqScans::set();
+        Ok(client.select(plan, None, args)?)
     }
-}
-
-/// Run `f` (an execution of a kept plan) with sequential scans off for the
-/// planner, as a function's `SET` clause would set them: saved, and put
-/// back after `f` (an error's abort puts them back).
-///
-/// The plan cache makes a kept plan on its first run, and again after an
-/// invalidation or when it turns a custom plan generic, for the tables as
-/// they are then: on a queue still small a sequential scan is the cheaper
-/// way to the rows a batch take leases by tuple id, and that plan stayed
-/// while the queue grew (measured: a take of 16 reading 20,006 rows; under
-/// the public harness's 16-worker backlog the takes' scans were most of the
-/// server's time). Every statement of ours reaches its rows by key or tuple
-/// id, or reads a table that stays small.
-fn without_seqscans<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: plain GUC calls, from a backend inside a transaction; the nest
-    // level pushed here is popped below.
-    let nest = unsafe {
-        let nest = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"enable_seqscan".as_ptr(),
-            c"off".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-        nest
-    };
-    let result = f();
-    // SAFETY: the level pushed above.
-    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
-    result
 }
 
 /// The common shape: open a connection, run one statement, read its result.
@@ -325,9 +261,10 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
         .iter()
         .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
         .collect();
+    let planner = NoSeqScans::set();
     // SAFETY: `plan` was prepared for exactly these argument types (the
     // statement's), inside the SPI connection our caller opened.
-    let rc = without_seqscans(|| unsafe {
+    let rc = unsafe {
         if latest {
             // read-only on a snapshot of now: SPI makes it the active one
             // for the statement (GetLatestSnapshot's is copied as pushed)
@@ -344,7 +281,8 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
         } else {
             pg_sys::SPI_execute_plan(plan, values.as_ptr().cast_mut(), nulls.as_ptr(), false, 0)
         }
-    });
+    };
+    drop(planner);
     if rc < 0 {
         return Err(Error::Internal {
             context: "SPI_execute_plan",
