@@ -39,8 +39,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = 15555
+# the harness's postgres.conf; `HARNESS_SYNCHRONOUS_COMMIT=off` runs the
+# other regime (the harness itself runs only `on`)
 CONF = ["max_connections = 400", "listen_addresses = 'localhost'", "shared_buffers = 256MB", "work_mem = 8MB",
-        "maintenance_work_mem = 128MB", "synchronous_commit = on", "wal_level = replica", "autovacuum = on",
+        "maintenance_work_mem = 128MB", f"synchronous_commit = {os.environ.get('HARNESS_SYNCHRONOUS_COMMIT', 'on')}", "wal_level = replica", "autovacuum = on",
         "autovacuum_naptime = 60s", "autovacuum_vacuum_cost_delay = 2ms", "autovacuum_vacuum_cost_limit = 200",
         "autovacuum_vacuum_scale_factor = 0.2", "autovacuum_analyze_scale_factor = 0.1",
         "autovacuum_vacuum_threshold = 50", "autovacuum_analyze_threshold = 50",
