@@ -268,9 +268,8 @@ def inner(harness, args):
     # the peers prepared natively: their own adapters, unmodified, from their folders
     pgmq_python = os.environ.get("HARNESS_PGMQ_PYTHON")
     if pgmq_python:
-        folder = os.path.join(harness, "pgmq-bench")
-
-        def launch_pgmq(manifest, overrides):
+        # (the folder bound now: the loop below reuses the name)
+        def launch_pgmq(manifest, overrides, folder=os.path.join(harness, "pgmq-bench")):
             return adapters.LaunchSpec(argv=[pgmq_python, os.path.join(folder, "main.py")],
                                        env=adapters._base_env(manifest, overrides), cwd=folder)
 
