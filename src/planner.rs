@@ -1,6 +1,7 @@
 //! The planner settings a statement of ours runs under, set around its
 //! execution only (the plan cache reads them when it makes or chooses a
-//! plan) and put back when the execution ends or raises.
+//! plan) and put back when the execution ends or raises; and the planner
+//! hooks that read what is set ([`install`]).
 
 use std::cell::Cell;
 
@@ -40,7 +41,7 @@ impl Drop for Custom {
 }
 
 /// Our statements' planner settings while it lives: sequential scans off,
-/// and the extension's tables sized by their pages ([`install`]).
+/// and the extension's tables estimated as [`install`] says.
 ///
 /// The plan cache makes a kept plan on its first run, and again after an
 /// invalidation or when it turns a custom plan generic, for the tables as
