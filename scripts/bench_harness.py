@@ -36,6 +36,7 @@ fails, saying so.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -216,8 +217,19 @@ def outer(harness, args):
         env = dict(os.environ, PATH=stub + os.pathsep + os.environ["PATH"], PYTHONPATH=harness,
                    HARNESS_PG_DATA=os.path.join(cluster, "data"), HARNESS_PG_BIN=bindir(),
                    HARNESS_PGMQ_PYTHON=pgmq[1] if pgmq else "", HARNESS_NATIVE_PEERS=json.dumps(natives))
-        code = subprocess.run([python, os.path.abspath(__file__), "--inner", harness, *args], env=env,
-                              cwd=harness).returncode
+        # the harness and every adapter it starts in a process group of
+        # their own, ended with this script however it ends: an adapter left
+        # running takes jobs from (and time away from) the next run's
+        inner_run = subprocess.Popen([python, os.path.abspath(__file__), "--inner", harness, *args], env=env,
+                                     cwd=harness, start_new_session=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            code = inner_run.wait()
+        finally:
+            try:
+                os.killpg(inner_run.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     finally:
         subprocess.run([os.path.join(ROOT, "scripts", "cluster.sh"), "stop", cluster], capture_output=True)
     sys.exit(code)
