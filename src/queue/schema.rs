@@ -79,14 +79,13 @@ pub static TAKE_MANY_RELEASED: Statement = Statement {
 };
 
 pub static DONE_MANY_RELEASED: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue q
-           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
-                 LATERAL (SELECT k.ctid FROM sturdy.queue k
-                           WHERE k.queue OPERATOR(pg_catalog.=) $3 AND k.workflow OPERATOR(pg_catalog.=) d.workflow
-                          OFFSET 0) AS k
-           WHERE q.ctid OPERATOR(pg_catalog.=) k.ctid AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\"
-             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
-             AND q.visible_at OPERATOR(pg_catalog.=) d.receipt",
+    sql: concat!(
+        "DELETE FROM sturdy.queue q
+           USING ",
+        super::sql::pairs_by_key!(),
+        "
+             AND q.visible_at OPERATOR(pg_catalog.=) d.receipt"
+    ),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TIMESTAMPTZARRAYOID,

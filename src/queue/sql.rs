@@ -240,24 +240,37 @@ pub(super) static MARK_IDLE: Statement = Statement {
     generic: false,
 };
 
-/// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
-/// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
-/// builds no result table (see [`DONE`]). Each pair's row is looked up by
-/// its key on its own (`LATERAL`, kept apart by `OFFSET 0`) and reached by
-/// its tuple id, the queue compared where no index serves it (as in
-/// [`DONE_LEASED`]): a plan that read the queue once for all the pairs,
-/// which the planner prefers whenever it believes the queue holds no more
-/// rows than the pairs, walked all of its dead entries too
-/// (`crate::planner::install`).
-pub(super) static DONE_MANY: Statement = Statement {
-    sql: "DELETE FROM sturdy.queue q
-           USING ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
+/// The pairs of a `done_many` (`$1` workflows, `$2` receipts, in queue
+/// `$3`), each row looked up by its key on its own (`LATERAL`, kept apart
+/// by `OFFSET 0`) and reached by its tuple id, the queue compared where no
+/// index serves it (as in [`DONE_LEASED`]): a plan that read the queue once
+/// for all the pairs, which the planner prefers whenever it believes the
+/// queue holds no more rows than the pairs, walked all of its dead entries
+/// too (`crate::planner::install`). The `FROM` (or `USING`) list and the
+/// `WHERE` of target `q`, to which a statement adds its own tests.
+macro_rules! pairs_by_key {
+    () => {
+        "ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
                  LATERAL (SELECT k.ctid FROM sturdy.queue k
                            WHERE k.queue OPERATOR(pg_catalog.=) $3 AND k.workflow OPERATOR(pg_catalog.=) d.workflow
                           OFFSET 0) AS k
            WHERE q.ctid OPERATOR(pg_catalog.=) k.ctid AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\"
-             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
-             AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NOT NULL",
+             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE"
+    };
+}
+pub(super) use pairs_by_key;
+
+/// `done` for a batch: each (workflow, receipt) pair under the receipt rule.
+/// How many went is SPI's count of rows processed: no `RETURNING`, so SPI
+/// builds no result table (see [`DONE`]). The pairs: [`pairs_by_key`].
+pub(super) static DONE_MANY: Statement = Statement {
+    sql: concat!(
+        "DELETE FROM sturdy.queue q
+           USING ",
+        pairs_by_key!(),
+        "
+             AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NOT NULL"
+    ),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TIMESTAMPTZARRAYOID,
@@ -323,15 +336,14 @@ pub(super) static WOKEN: Statement = Statement {
 
 /// [`WOKEN`] for the pairs of `done_many`.
 pub(super) static WOKEN_MANY: Statement = Statement {
-    sql: "UPDATE sturdy.queue q SET leased_until = NULL
-            FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS d(workflow, receipt),
-                 LATERAL (SELECT k.ctid FROM sturdy.queue k
-                           WHERE k.queue OPERATOR(pg_catalog.=) $3 AND k.workflow OPERATOR(pg_catalog.=) d.workflow
-                          OFFSET 0) AS k
-           WHERE q.ctid OPERATOR(pg_catalog.=) k.ctid AND q.queue OPERATOR(pg_catalog.=) $3 COLLATE \"default\"
-             AND (q.workflow OPERATOR(pg_catalog.=) d.workflow) IS TRUE
+    sql: concat!(
+        "UPDATE sturdy.queue q SET leased_until = NULL
+            FROM ",
+        pairs_by_key!(),
+        "
              AND q.leased_until OPERATOR(pg_catalog.=) d.receipt AND q.taken_at IS NULL
-          RETURNING q.visible_at",
+          RETURNING q.visible_at"
+    ),
     args: &[
         pg_sys::TEXTARRAYOID,
         pg_sys::TIMESTAMPTZARRAYOID,
